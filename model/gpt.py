@@ -1,0 +1,162 @@
+"""A GPT-style decoder-only language model (Radford et al. 2019, "Language Models are Unsupervised
+Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import BACKENDS
+from model.block import Block
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int | None = None  # None: taken from the tokenizer of the data
+    block_size: int = 256  # longest sequence the position table covers
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    d_k: int | None = None  # per-head dim; None: d_model // n_head
+    d_ff: int | None = None  # MLP hidden size; None: 4 * d_model
+    dropout: float = 0.0
+    bias: bool = False
+    attn_backend: str = "sdpa"  # "explicit" (the equation) or "sdpa" (fused)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.n_head
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    def validate(self) -> None:
+        """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
+        sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head,
+                 "d_model": self.d_model}  # fmt: skip
+        for name, value in sizes.items():
+            if value < 1:
+                raise ValueError(f"model.{name}={value} is invalid; it must be >= 1")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"model.vocab_size={self.vocab_size} is invalid; it must be >= 1")
+        if self.d_k is not None and self.d_k < 1:
+            raise ValueError(
+                f"model.d_k={self.d_k} is invalid; it must be >= 1 (or null for d_model // n_head)"
+            )
+        if self.d_k is None and self.d_model % self.n_head:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}) "
+                "when model.d_k is not set"
+            )
+        if self.d_ff is not None and self.d_ff < 1:
+            raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout} is invalid; it must be in [0, 1)")
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(
+                f"model.attn_backend={self.attn_backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
+            )
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        config.validate()
+        if config.vocab_size is None:
+            raise ValueError("model.vocab_size is not set; it comes from the tokenizer of the data")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            Block(
+                config.d_model,
+                config.n_head,
+                config.head_dim,
+                config.ff_dim,
+                config.dropout,
+                config.bias,
+                config.attn_backend,
+            )  # fmt: skip
+            for _ in range(config.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied input/output embedding
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation, all in one place.
+
+        Linear and embedding weights ~ N(0, 0.02), biases 0, LayerNorm affine (1, 0). The two
+        projections that write into the residual stream (attention W_O, MLP down) get std
+        0.02 / sqrt(2 * n_layer): each block adds two such terms, so this keeps the variance of the
+        residual stream from growing with depth.
+        """
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if name.endswith(("attn.out_proj", "mlp.down_proj")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
+        positions = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, d_model)
+        for block in self.blocks:
+            x = block(x, padding_mask)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count (the tied head counted once); optionally without the embedding tables."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
+
+        Per layer, forward: 2 * d_model * (3 H d_k) for Q, K, V; 2 * (H d_k) * d_model for W_O;
+        2 * 2 * d_model * d_ff for the MLP; and 2 * 2 * T * H * d_k for QK^T and AV over a context
+        of T. Plus 2 * d_model * vocab for the LM head. This uses H * d_k, not d_model, so it stays
+        right when d_k != d_model / n_head. Attention counts the full T x T like the PaLM paper's
+        MFU, although a causal kernel may skip the masked half.
+        """
+        c = self.config
+        T = seq_len or c.block_size
+        hd = c.n_head * c.head_dim
+        per_layer = 2 * c.d_model * 3 * hd + 2 * hd * c.d_model + 4 * c.d_model * c.ff_dim + 4 * T * hd
+        forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
+        return 3 * forward
+
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """The prompt (B, T) followed by max_new_tokens sampled tokens."""
+        from model.generate import generate
+
+        return generate(self, idx, max_new_tokens, temperature, top_k, generator)

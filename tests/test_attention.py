@@ -1,0 +1,152 @@
+"""The attention function and masks: the equation, its contract, and the fused backend's equality."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.attention import (
+    CausalSelfAttention,
+    attention_weights,
+    build_aligned_causal_mask,
+    build_causal_mask,
+    fused_attention,
+    scaled_dot_product_attention,
+)
+
+
+def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, Tq, D, generator=g), torch.randn(B, H, Tk, D, generator=g),
+            torch.randn(B, H, Tk, D, generator=g))  # fmt: skip
+
+
+def test_causal_mask_is_lower_triangular_bool():
+    mask = build_causal_mask(4, "cpu")
+    assert mask.dtype == torch.bool and mask.shape == (1, 1, 4, 4)
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[0, 0], expected)
+
+
+@pytest.mark.parametrize("length", [0, -3])
+def test_causal_mask_rejects_empty_sequences(length):
+    with pytest.raises(ValueError, match="sequence_length must be >= 1"):
+        build_causal_mask(length, "cpu")
+
+
+def test_aligned_mask_is_lower_right_unlike_is_causal():
+    # 2 queries that are positions 3 and 4 of 5 keys: they see 4 and 5 keys.
+    mask = build_aligned_causal_mask(2, 5)
+    assert torch.equal(mask[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    # PyTorch's is_causal aligns upper-left, i.e. treats the queries as positions 0 and 1.
+    q, k, v = qkv(Tq=2, Tk=5)
+    ours = scaled_dot_product_attention(q, k, v, mask)
+    upper_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(ours, upper_left, atol=1e-3)
+    assert torch.allclose(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
+
+
+def test_matches_the_equation():
+    q, k, v = qkv()
+    mask = build_causal_mask(5)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores + torch.where(mask, 0.0, float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask), expected)
+
+
+def test_shape_contract():
+    q, k, v = qkv(B=2, H=4, Tq=3, Tk=7, D=6)
+    assert scaled_dot_product_attention(q, k, v).shape == (2, 4, 3, 6)
+
+
+def test_value_dim_may_differ_from_key_dim():
+    q, k, _ = qkv(D=8)
+    v = torch.randn(2, 3, 5, 4)
+    assert scaled_dot_product_attention(q, k, v).shape == (2, 3, 5, 4)
+
+
+def test_rejects_key_value_length_mismatch():
+    q, k, v = qkv(Tk=5)
+    with pytest.raises(ValueError, match="key and value lengths differ: 5 vs 4"):
+        scaled_dot_product_attention(q, k, v[:, :, :4])
+
+
+def test_rejects_query_key_dim_mismatch():
+    q, k, v = qkv(D=8)
+    with pytest.raises(ValueError, match="query and key head dims differ: 8 vs 6"):
+        scaled_dot_product_attention(q, k[..., :6], v)
+
+
+def test_mask_before_softmax_renormalises_and_after_does_not():
+    # The article's example: weights [0.2, 0.3, 0.5], the last position hidden.
+    scores = torch.log(torch.tensor([0.2, 0.3, 0.5])).view(1, 1, 1, 3)
+    visible = torch.tensor([True, True, False]).view(1, 1, 1, 3)
+    after = scores.softmax(-1) * visible  # mask applied after softmax: rows no longer sum to 1
+    torch.testing.assert_close(after.flatten(), torch.tensor([0.2, 0.3, 0.0]))
+    assert after.sum().item() == pytest.approx(0.5)
+    # Ours masks before the softmax, so the visible weights renormalise to 0.4 / 0.6.
+    key = torch.eye(3).view(1, 1, 3, 3)
+    query = scores * math.sqrt(3)  # so that q k^T / sqrt(d_k) equals the scores above
+    weights = attention_weights(query, key, visible)
+    torch.testing.assert_close(weights.flatten(), torch.tensor([0.4, 0.6, 0.0]))
+
+
+def test_row_with_no_visible_key_is_zero_not_nan():
+    q, k, v = qkv()
+    mask = build_causal_mask(5).clone()
+    mask[..., 2, :] = False
+    q.requires_grad_(True)
+    out = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_weights_rows_sum_to_one_and_vanish_above_diagonal():
+    q, k, _ = qkv(Tq=6, Tk=6)
+    w = attention_weights(q, k, build_causal_mask(6))
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 6))
+    above = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert (w[..., above] == 0).all()
+
+
+@pytest.mark.parametrize("Tq,Tk", [(5, 5), (1, 9), (3, 9)])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_fused_backend_matches_explicit(Tq, Tk, with_padding):
+    q, k, v = qkv(Tq=Tq, Tk=Tk, D=16)
+    mask = build_aligned_causal_mask(Tq, Tk)
+    if with_padding:
+        pad = torch.ones(2, Tk, dtype=torch.bool)
+        pad[0, :2] = False  # left padding in the first sequence
+        mask = mask & pad[:, None, None, :]
+    explicit = scaled_dot_product_attention(q, k, v, mask)
+    fused = fused_attention(q, k, v, mask)
+    assert (explicit - fused).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("n_head,d_k", [(4, None), (3, 10), (2, 40), (8, 4)])
+def test_module_backends_agree(n_head, d_k):
+    torch.manual_seed(0)
+    explicit = CausalSelfAttention(48, n_head, d_k, backend="explicit")
+    fused = CausalSelfAttention(48, n_head, d_k, backend="sdpa")
+    fused.load_state_dict(explicit.state_dict())
+    x = torch.randn(2, 11, 48)
+    assert (explicit(x) - fused(x)).abs().max().item() < 1e-5
+    pad = torch.ones(2, 11, dtype=torch.bool)
+    pad[1, :3] = False
+    assert (explicit(x, pad) - fused(x, pad)).abs().max().item() < 1e-5
+
+
+def test_module_n_head_and_d_k_are_independent():
+    attn = CausalSelfAttention(d_model=32, n_head=6, d_k=5)
+    assert attn.qkv_proj.weight.shape == (3 * 6 * 5, 32)
+    assert attn.out_proj.weight.shape == (32, 6 * 5)
+    assert CausalSelfAttention(d_model=32, n_head=4).d_k == 8
+
+
+def test_module_rejects_unknown_backend():
+    with pytest.raises(ValueError, match="backend 'flash' is unknown; choose one of: explicit, sdpa"):
+        CausalSelfAttention(32, 4, backend="flash")

@@ -1,0 +1,69 @@
+"""No position ever sees a future token: proofs by perturbation, by gradient and by the weights."""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.attention import attention_weights, build_causal_mask
+
+VOCAB, T = 50, 16
+# (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
+HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24), (2, 5)]
+
+
+def make_model(backend: str, n_head: int, d_k: int | None) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=2, n_head=n_head, d_model=48, d_k=d_k,
+                    attn_backend=backend)  # fmt: skip
+    return GPT(cfg).eval()
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
+def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k):
+    model = make_model(backend, n_head, d_k)
+    idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base, _ = model(idx)
+        for j in (1, T // 2, T - 1):
+            changed = idx.clone()
+            changed[:, j] = (changed[:, j] + 7) % VOCAB
+            logits, _ = model(changed)
+            assert (logits[:, :j] - base[:, :j]).abs().max().item() <= 1e-6, f"position < {j} saw token {j}"
+            # ...and the change is visible from j on, so this test can fail.
+            assert (logits[:, j:] - base[:, j:]).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
+def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k):
+    model = make_model(backend, n_head, d_k)
+    captured = {}
+
+    def keep_embedding(_module, _inputs, output):
+        output.retain_grad()
+        captured["emb"] = output
+
+    model.tok_emb.register_forward_hook(keep_embedding)
+    idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(2))
+    for i in (0, 5, T - 2):
+        model.zero_grad()
+        logits, _ = model(idx)
+        logits[0, i].sum().backward()
+        grad = captured["emb"].grad[0]  # (T, d_model)
+        assert torch.count_nonzero(grad[i + 1 :]) == 0, f"output {i} has a gradient from a later input"
+        assert grad[: i + 1].abs().sum(-1).gt(0).all(), "every earlier input should influence output i"
+
+
+@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
+def test_model_attention_weights_are_causal_distributions(n_head, d_k):
+    model = make_model("explicit", n_head, d_k)
+    x = model.tok_emb(torch.randint(0, VOCAB, (2, T))) + model.pos_emb(torch.arange(T))
+    for block in model.blocks:
+        q, k, _ = block.attn.project_qkv(block.ln_1(x))
+        w = attention_weights(q, k, build_causal_mask(T))  # (B, H, T, T)
+        assert w.shape == (2, n_head, T, T)
+        above = torch.ones(T, T, dtype=torch.bool).triu(1)
+        assert (w[..., above] == 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, n_head, T))
+        x = block(x)

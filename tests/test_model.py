@@ -1,0 +1,136 @@
+"""The GPT: shapes, init, accounting of parameters and FLOPs, config validation, learning."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+
+def tiny(**overrides) -> GPTConfig:
+    base = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32)
+    return GPTConfig(**{**base, **overrides})
+
+
+def test_forward_shapes_and_loss():
+    model = GPT(tiny())
+    idx = torch.randint(0, 64, (3, 16))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 16, 64) and loss is None
+    _, loss = model(idx, idx)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+
+
+def test_loss_at_init_is_near_uniform():
+    torch.manual_seed(0)
+    model = GPT(tiny(vocab_size=500, d_model=64))
+    g = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(0, 500, (8, 16), generator=g), torch.randint(0, 500, (8, 16), generator=g)
+    _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(500)) < 0.05
+
+
+def test_ignore_index_excludes_targets():
+    model = GPT(tiny())
+    idx = torch.randint(0, 64, (2, 16))
+    targets = idx.clone()
+    targets[:, 8:] = -1
+    logits, loss = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits[:, :8].reshape(-1, 64), idx[:, :8].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def test_sequence_longer_than_block_size_is_refused():
+    with pytest.raises(ValueError, match="sequence length 17 exceeds the model's block_size 16"):
+        GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_head_is_tied_to_token_embedding():
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_residual_projections_get_scaled_init():
+    torch.manual_seed(0)
+    model = GPT(tiny(n_layer=8, d_model=128))
+    expected = 0.02 / math.sqrt(2 * 8)
+    for block in model.blocks:
+        for layer in (block.attn.out_proj, block.mlp.down_proj):
+            assert layer.weight.std().item() == pytest.approx(expected, rel=0.1)
+        assert block.attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def hand_count(V, T, L, H, dk, D, F, bias):
+    per_layer = D * 3 * H * dk + H * dk * D + D * F + F * D  # weights
+    per_layer += 2 * D * 2 if bias else 2 * D  # two LayerNorms (gain [+ bias])
+    if bias:
+        per_layer += 3 * H * dk + D + F + D
+    return V * D + T * D + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
+
+
+@pytest.mark.parametrize("n_head,d_k,bias", [(4, None, False), (3, 10, False), (8, 32, True), (2, 7, True)])
+def test_parameter_count_matches_hand_computation(n_head, d_k, bias):
+    cfg = tiny(n_head=n_head, d_k=d_k, bias=bias, d_model=48, n_layer=3)
+    model = GPT(cfg)
+    dk = d_k or 48 // n_head
+    assert model.num_params() == hand_count(64, 16, 3, n_head, dk, 48, 4 * 48, bias)
+    assert model.num_params(exclude_embeddings=True) == model.num_params() - 64 * 48 - 16 * 48
+
+
+@pytest.mark.parametrize("n_head,d_k", [(4, None), (3, 10), (8, 32)])
+def test_flops_per_token_matches_hand_computation(n_head, d_k):
+    cfg = tiny(n_head=n_head, d_k=d_k, d_model=48, n_layer=3, block_size=20)
+    dk = d_k or 48 // n_head
+    HD = n_head * dk
+    # forward per token: QKV, W_O, MLP up+down, QK^T and AV over 20 positions, then the LM head
+    forward = 3 * (2 * 48 * 3 * HD + 2 * HD * 48 + 2 * 2 * 48 * 192 + 2 * 2 * 20 * HD) + 2 * 48 * 64
+    assert GPT(cfg).flops_per_token() == 3 * forward
+    assert GPT(cfg).flops_per_token(seq_len=10) < 3 * forward
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"n_head": 0}, r"model.n_head=0 is invalid; it must be >= 1"),
+        ({"n_layer": -1}, r"model.n_layer=-1 is invalid"),
+        ({"d_k": 0}, r"model.d_k=0 is invalid"),
+        ({"d_model": 384, "n_head": 5}, r"model.d_model \(384\) must be divisible by model.n_head \(5\)"),
+        ({"dropout": 1.0}, r"model.dropout=1.0 is invalid; it must be in \[0, 1\)"),
+        ({"attn_backend": "flash"}, r"model.attn_backend='flash' is unknown; choose one of: explicit, sdpa"),
+        ({"block_size": 0}, r"model.block_size=0 is invalid"),
+    ],
+)
+def test_invalid_config_is_refused_with_a_message(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GPT(tiny(**overrides))
+
+
+def test_d_k_lifts_the_divisibility_rule():
+    model = GPT(tiny(d_model=384, n_head=5, d_k=64, block_size=8, n_layer=1))
+    assert model.blocks[0].attn.d_k == 64
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_overfits_a_single_batch(backend):
+    torch.manual_seed(0)
+    model = GPT(tiny(attn_backend=backend))
+    idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def test_same_seed_same_model_and_loss():
+    def run():
+        torch.manual_seed(123)
+        model = GPT(tiny())
+        idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(5))
+        return model(idx, idx)[1]
+
+    assert torch.equal(run(), run())
