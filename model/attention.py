@@ -23,9 +23,7 @@ def build_causal_mask(sequence_length: int, device: torch.device | str | None = 
     return build_aligned_causal_mask(sequence_length, sequence_length, device)
 
 
-def build_aligned_causal_mask(
-    query_length: int, key_length: int, device: torch.device | str | None = None
-) -> Tensor:
+def build_aligned_causal_mask(query_length: int, key_length: int, device: torch.device | str | None = None) -> Tensor:
     """Boolean (1, 1, Tq, Tk) causal mask for queries that are the *last* Tq of Tk positions.
 
     This is the lower-right alignment cached decoding needs: query i sits at absolute position
@@ -110,9 +108,7 @@ class CausalSelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         if backend not in BACKENDS:
-            raise ValueError(
-                f"attention backend {backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
-            )
+            raise ValueError(f"attention backend {backend!r} is unknown; choose one of: {', '.join(BACKENDS)}")
         self.n_head = n_head
         self.d_k = d_k or d_model // n_head
         self.backend = backend

@@ -35,17 +35,14 @@ class GPTConfig:
 
     def validate(self) -> None:
         """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
-        sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head,
-                 "d_model": self.d_model}  # fmt: skip
+        sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model}
         for name, value in sizes.items():
             if value < 1:
                 raise ValueError(f"model.{name}={value} is invalid; it must be >= 1")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"model.vocab_size={self.vocab_size} is invalid; it must be >= 1")
         if self.d_k is not None and self.d_k < 1:
-            raise ValueError(
-                f"model.d_k={self.d_k} is invalid; it must be >= 1 (or null for d_model // n_head)"
-            )
+            raise ValueError(f"model.d_k={self.d_k} is invalid; it must be >= 1 (or null for d_model // n_head)")
         if self.d_k is None and self.d_model % self.n_head:
             raise ValueError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}) "
@@ -80,7 +77,7 @@ class GPT(nn.Module):
                 config.dropout,
                 config.bias,
                 config.attn_backend,
-            )  # fmt: skip
+            )
             for _ in range(config.n_layer)
         )
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
@@ -112,7 +109,7 @@ class GPT(nn.Module):
         self, idx: Tensor, targets: Tensor | None = None, padding_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore)."""
-        B, T = idx.shape
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
         positions = torch.arange(T, device=idx.device)

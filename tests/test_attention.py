@@ -18,8 +18,11 @@ from model.attention import (
 
 def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, Tq, D, generator=g), torch.randn(B, H, Tk, D, generator=g),
-            torch.randn(B, H, Tk, D, generator=g))  # fmt: skip
+    return (
+        torch.randn(B, H, Tq, D, generator=g),
+        torch.randn(B, H, Tk, D, generator=g),
+        torch.randn(B, H, Tk, D, generator=g),
+    )
 
 
 def test_causal_mask_is_lower_triangular_bool():

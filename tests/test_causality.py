@@ -13,8 +13,7 @@ HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24), (2, 5)]
 
 def make_model(backend: str, n_head: int, d_k: int | None) -> GPT:
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=2, n_head=n_head, d_model=48, d_k=d_k,
-                    attn_backend=backend)  # fmt: skip
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=2, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend)
     return GPT(cfg).eval()
 
 
