@@ -1,0 +1,1 @@
+"""Training: config schema, optimizer, device set-up, checkpoints, metrics and the loop."""

@@ -1,0 +1,76 @@
+"""The run's structured config: dataclasses from each package, composed and registered for Hydra.
+
+YAML files under `configs/` only choose values; the types, defaults and rules live here and next to
+the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`).
+"""
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from data.config import DataConfig
+from model.gpt import GPTConfig
+from training.device import PRECISIONS
+from training.loggers import LoggerConfig
+from training.optim import OptimConfig
+
+
+@dataclass
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    compile: bool = False
+    batch_size: int = 32  # sequences per micro-batch
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    max_steps: int = 2000
+    eval_interval: int = 250
+    eval_batches: int = 20
+    log_interval: int = 10
+    out_dir: str | None = None  # train.py sets it to Hydra's run directory
+    resume: str | None = None  # null | auto | path to a checkpoint
+    overwrite: bool = False  # allow a fresh run in a directory that holds another run's checkpoints
+    sample_tokens: int = 300  # printed after training; 0 skips
+    sample_prompt: str = "\n"
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Checks only; the first bad value raises ValueError naming it and the rule."""
+        self.model.validate()
+        self.data.validate()
+        self.optim.validate()
+        self.logger.validate()
+        positive = {
+            "batch_size": self.batch_size,
+            "grad_accum_steps": self.grad_accum_steps,
+            "max_steps": self.max_steps,
+            "eval_interval": self.eval_interval,
+            "eval_batches": self.eval_batches,
+            "log_interval": self.log_interval,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name}={value} is invalid; it must be >= 1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
+        if not self.out_dir:
+            raise ValueError("out_dir is not set; give out_dir=PATH (train.py uses Hydra's run directory)")
+        if self.sample_tokens < 0:
+            raise ValueError(f"sample_tokens={self.sample_tokens} is invalid; it must be >= 0")
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """Hydra's DictConfig (typed by the schema) -> the plain dataclass, validated."""
+    if not isinstance(cfg, TrainConfig):
+        cfg = OmegaConf.to_object(cfg)
+    cfg.validate()
+    return cfg
