@@ -2,14 +2,17 @@
 Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head."""
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model import generate as generation
 from model.attention import BACKENDS
 from model.block import Block
+from model.kv_cache import KVCache, token_positions
 
 
 @dataclass
@@ -106,21 +109,51 @@ class GPT(nn.Module):
                 module.reset_parameters()
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, padding_mask: Tensor | None = None
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore)."""
+        """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore).
+
+        padding_mask: (B, T) bool, True for real tokens; pad on the left, so every row ends with a real
+        token. Positions count from each row's first real token. cache: a KVCache from new_cache();
+        idx then continues the cached tokens, whose keys/values are reused and extended. last_only:
+        logits for the last position only, (B, 1, vocab), which is all sampling needs.
+        """
         T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
-        positions = torch.arange(T, device=idx.device)
+        cached = cache.length if cache is not None else 0
+        if cached + T > self.config.block_size:
+            what = f"{cached} cached + {T} new tokens" if cache is not None else f"sequence length {T}"
+            raise ValueError(f"{what} exceeds the model's block_size {self.config.block_size}")
+        if cache is None:
+            positions = token_positions(T, padding_mask, device=idx.device)
+            layer_caches = [None] * len(self.blocks)
+        else:  # the cache owns positions and the padding of every cached slot
+            positions, padding_mask = cache.reserve(T, padding_mask)
+            layer_caches = cache.layers
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, d_model)
-        for block in self.blocks:
-            x = block(x, padding_mask)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
+            x = block(x, padding_mask, layer_cache)
+        if last_only:
+            assert targets is None, "last_only is for sampling; a loss needs every position"
+            x = x[:, -1:]
+        logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
+        """An empty KV cache for this model: batch_size rows of up to max_length (<= block_size) tokens."""
+        c = self.config
+        max_length = max_length or c.block_size
+        if not 1 <= max_length <= c.block_size:
+            raise ValueError(f"KV cache length {max_length} must be in [1, block_size={c.block_size}]")
+        weight = self.tok_emb.weight
+        return KVCache(c.n_layer, batch_size, c.n_head, max_length, c.head_dim, weight.device, weight.dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (the tied head counted once); optionally without the embedding tables."""
@@ -151,9 +184,30 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
         generator: torch.Generator | None = None,
+        stop_token: int | None = None,
+        padding_mask: Tensor | None = None,
     ) -> Tensor:
-        """The prompt (B, T) followed by max_new_tokens sampled tokens."""
-        from model.generate import generate
+        """The prompt (B, T) followed by up to max_new_tokens sampled tokens; see model/generate.py."""
+        return generation.generate(
+            self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask
+        )
 
-        return generate(self, idx, max_new_tokens, temperature, top_k, generator)
+    def stream(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        stop_token: int | None = None,
+        padding_mask: Tensor | None = None,
+    ) -> Iterator[Tensor]:
+        """Like generate, but yields each step's new tokens (B,) as soon as they are sampled."""
+        return generation.stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask
+        )
