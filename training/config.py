@@ -28,9 +28,9 @@ class TrainConfig:
     compile: bool = False
     batch_size: int = 32  # sequences per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    max_steps: int = 2000
-    eval_interval: int = 250
-    eval_batches: int = 20
+    max_steps: int = 600
+    eval_interval: int = 100
+    eval_batches: int = 10
     log_interval: int = 10
     out_dir: str | None = None  # train.py sets it to Hydra's run directory
     resume: str | None = None  # null | auto | path to a checkpoint

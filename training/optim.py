@@ -12,7 +12,7 @@ from torch import nn
 class OptimConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4  # floor of the cosine decay
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99

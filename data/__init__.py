@@ -1,0 +1,19 @@
+"""Data: fetch a corpus, tokenize and split it once into cached token files, and cut batches from them."""
+
+from data.batches import check_block_size, eval_batches, sample_batch
+from data.config import DataConfig
+from data.prepare import PreparedData, load_prepared, prepare
+from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
+
+__all__ = [
+    "DataConfig",
+    "PreparedData",
+    "Tokenizer",
+    "build_tokenizer",
+    "check_block_size",
+    "eval_batches",
+    "load_prepared",
+    "prepare",
+    "sample_batch",
+    "tokenizer_from_meta",
+]

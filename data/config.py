@@ -1,0 +1,51 @@
+"""Data configuration: which corpus to read, how to tokenize and split it, and where to cache it."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SOURCES = ("shakespeare", "hub", "files")
+TOKENIZERS = ("char", "gpt2")
+
+
+@dataclass
+class DataConfig:
+    source: str = "shakespeare"  # "shakespeare" | "hub" | "files"
+    tokenizer: str = "char"  # "char" | "gpt2"
+    hub_path: str | None = None  # datasets.load_dataset path, or a local directory of jsonl/parquet files
+    hub_name: str | None = None  # dataset config name, e.g. "sample-10BT"
+    hub_split: str = "train"
+    text_column: str = "text"
+    max_documents: int | None = None  # stream and keep only the first N documents (huge hub corpora)
+    files: list[str] = field(default_factory=list)  # source=files: paths or globs, one document per file
+    val_fraction: float = 0.1
+    split_seed: int = 1337
+    cache_dir: str = ""  # "" -> $ATTNLAB_CACHE or ~/.cache/attnlab
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad value; checks only, no side effects."""
+        if self.source not in SOURCES:
+            raise ValueError(f"data.source={self.source!r} is unknown; choose one of: {', '.join(SOURCES)}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r} is unknown; choose one of: {', '.join(TOKENIZERS)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must be strictly between 0 and 1")
+        if self.split_seed < 0:
+            raise ValueError(f"data.split_seed={self.split_seed} must be >= 0")
+        if self.source == "hub" and not self.hub_path:
+            raise ValueError("data.source='hub' needs data.hub_path, e.g. data.hub_path=roneneldan/TinyStories")
+        if self.source == "hub" and not self.text_column:
+            raise ValueError("data.source='hub' needs data.text_column, the column that holds the text")
+        if self.source == "files" and not self.files:
+            raise ValueError("data.source='files' needs data.files, a list of text file paths or globs")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise ValueError(f"data.max_documents={self.max_documents} must be >= 1, or null for no cap")
+
+
+def resolve_cache_dir(cache_dir: str | Path = "") -> Path:
+    """The cache root: `cache_dir` if given, else $ATTNLAB_CACHE, else ~/.cache/attnlab."""
+    if str(cache_dir):
+        return Path(cache_dir).expanduser()
+    if os.environ.get("ATTNLAB_CACHE"):
+        return Path(os.environ["ATTNLAB_CACHE"]).expanduser()
+    return Path.home() / ".cache" / "attnlab"

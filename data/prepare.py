@@ -1,0 +1,191 @@
+"""Tokenize a corpus once into flat train/val token files, cached under a fingerprint of its inputs.
+
+Layout: `<cache>/prepared/<fingerprint>/{train.bin, val.bin, meta.json}`. Each .bin is the
+concatenation of its documents' token ids, each document followed by the EOT id, so batches can
+be cut anywhere (batches.py) and the model sees where documents end.
+
+The split is by document: a seeded shuffle picks ceil(val_fraction * n) documents for val (at
+least 1, leaving at least 1 for train). A corpus of a single document (e.g. tiny_shakespeare's
+one-row train split) is instead cut at the character (1 - val_fraction) * len(text): the head is
+train, the tail is val, and each half counts as one document.
+"""
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import datasets
+import numpy as np
+from tqdm import tqdm
+
+from data.config import DataConfig, resolve_cache_dir
+from data.fetch import publish_dir
+from data.sources import load_documents, source_identity
+from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
+
+log = logging.getLogger(__name__)
+
+# Bump when the on-disk layout or the split/tokenization rules change, so old caches are not reused.
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+CHUNK_DOCUMENTS = 1024
+
+
+@dataclass
+class PreparedData:
+    directory: Path
+    train: np.ndarray  # np.memmap of token ids, read-only
+    val: np.ndarray
+    meta: dict
+    tokenizer: Tokenizer
+
+    def bytes_per_token(self, split: str = "val") -> float:
+        """UTF-8 bytes of text per token, to turn loss per token into bits per byte."""
+        return self.meta[f"{split}_bytes"] / self.meta[f"{split}_tokens"]
+
+
+def cache_key(cfg: DataConfig) -> dict:
+    """Everything that determines the prepared tokens (and nothing about where they are cached)."""
+    return {
+        "format": FORMAT_VERSION,
+        "source": source_identity(cfg),
+        "tokenizer": cfg.tokenizer,
+        "val_fraction": cfg.val_fraction,
+        "split_seed": cfg.split_seed,
+    }
+
+
+def fingerprint(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def split_documents(num_documents: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask, True for the documents that go to val; needs at least two documents."""
+    assert num_documents >= 2, f"need two documents to split by document, got {num_documents}"
+    num_val = min(max(math.ceil(val_fraction * num_documents), 1), num_documents - 1)
+    order = np.random.default_rng(seed).permutation(num_documents)
+    is_val = np.zeros(num_documents, dtype=bool)
+    is_val[order[:num_val]] = True
+    return is_val
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
+    """Tokenize and split the corpus `cfg` names, or reuse the cached result of an earlier call."""
+    cfg.validate()
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    key = cache_key(cfg)
+    fp = fingerprint(key)
+    directory = cache_dir / "prepared" / fp
+    if directory.is_dir():
+        log.info("using prepared data in %s", directory)
+        return load_prepared(directory, cache_dir)
+
+    start = time.perf_counter()
+    docs = load_documents(cfg)
+    if docs.num_rows == 0:
+        raise ValueError(f"data.source={cfg.source!r} gave no documents to prepare")
+    tokenizer = build_tokenizer(cfg.tokenizer, _texts(docs), cache_dir)
+    dtype = token_dtype(tokenizer.vocab_size)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Written into a temp dir and renamed into place only when complete: a crash leaves no `directory`.
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{fp}-"))
+    try:
+        counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
+        with open(tmp / "train.bin", "wb") as train_f, open(tmp / "val.bin", "wb") as val_f:
+            files = {"train": train_f, "val": val_f}
+            # A single document is written as two pieces (see the module docstring).
+            pieces = docs.num_rows + (docs.num_rows == 1)
+            bar = tqdm(total=pieces, desc="tokenizing", unit="doc", disable=not progress)
+            for split, texts in _split_chunks(docs, cfg):
+                counts[split]["documents"] += len(texts)
+                counts[split]["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
+                counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
+                bar.update(len(texts))
+            bar.close()
+        meta = {
+            "format": FORMAT_VERSION,
+            "fingerprint": fp,
+            "source": key["source"],
+            "tokenizer": tokenizer.to_meta(),
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id,
+            "dtype": dtype.name,
+            "val_fraction": cfg.val_fraction,
+            "split_seed": cfg.split_seed,
+            "num_documents": {split: counts[split]["documents"] for split in SPLITS},
+            **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
+            **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(tmp, directory)
+    log.info(
+        "prepared %s in %.1fs: %d train / %d val tokens",
+        directory,
+        time.perf_counter() - start,
+        meta["train_tokens"],
+        meta["val_tokens"],
+    )
+    return load_prepared(directory, cache_dir)
+
+
+def _texts(docs: datasets.Dataset) -> Iterator[str]:
+    for batch in docs.iter(batch_size=CHUNK_DOCUMENTS):
+        yield from batch["text"]
+
+
+def _split_chunks(docs: datasets.Dataset, cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:
+    """(split, texts) chunks in corpus order; every document lands in exactly one split."""
+    if docs.num_rows == 1:
+        text = docs[0]["text"]
+        cut = int((1 - cfg.val_fraction) * len(text))
+        yield "train", [text[:cut]]
+        yield "val", [text[cut:]]
+        return
+    is_val = split_documents(docs.num_rows, cfg.val_fraction, cfg.split_seed)
+    first = 0
+    for batch in docs.iter(batch_size=CHUNK_DOCUMENTS):
+        texts = batch["text"]
+        chunk_is_val = is_val[first : first + len(texts)]
+        first += len(texts)
+        for split, want_val in (("train", False), ("val", True)):
+            chosen = [t for t, v in zip(texts, chunk_is_val, strict=True) if v == want_val]
+            if chosen:
+                yield split, chosen
+
+
+def _write_tokens(f: BinaryIO, tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> int:
+    ids: list[int] = []
+    for doc_ids in tokenizer.encode_batch(texts):
+        ids.extend(doc_ids)
+        ids.append(tokenizer.eot_id)
+    f.write(np.array(ids, dtype=dtype).tobytes())
+    return len(ids)
+
+
+def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> PreparedData:
+    """Open a prepared directory; `cache_dir` is where a gpt2 tokenizer finds its ranks file."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{directory} is not prepared data: it has no meta.json")
+    meta = json.loads(meta_path.read_text())
+    dtype = np.dtype(meta["dtype"])
+    train, val = (np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r") for split in SPLITS)
+    assert len(train) == meta["train_tokens"], f"{directory}/train.bin does not match meta.json"
+    assert len(val) == meta["val_tokens"], f"{directory}/val.bin does not match meta.json"
+    return PreparedData(directory, train, val, meta, tokenizer_from_meta(meta["tokenizer"], cache_dir))

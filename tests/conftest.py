@@ -1,0 +1,50 @@
+"""Shared fixtures: a small generated corpus and Hydra composition of the real configs."""
+
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from training.config import register_configs
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+WORDS = "the king queen lord speak love death night day sweet fair good my thy thou art is not what".split()
+
+
+def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: int = 0) -> list[str]:
+    """Plain-text documents of random lines over a small vocabulary, one file each."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(documents):
+        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(lines))
+        path = directory / f"doc{i}.txt"
+        path.write_text(text + "\n", encoding="utf-8")
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> list[str]:
+    return write_corpus(tmp_path / "corpus")
+
+
+def compose_config(overrides: list[str]):
+    """The real configs/ tree composed through Hydra's compose API, as train.py would see it."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def tiny_run_overrides(tmp_path: Path, tiny_corpus: list[str]) -> list[str]:
+    """Overrides for a seconds-long run on the generated corpus, writing only under tmp_path."""
+    return [
+        "+debug=tiny",
+        "data.source=files",
+        f"data.files=[{','.join(tiny_corpus)}]",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"out_dir={tmp_path / 'run'}",
+        "progress=false",
+    ]

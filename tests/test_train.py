@@ -1,0 +1,97 @@
+"""End to end: train.py through Hydra on a generated corpus, metrics, checkpoints, errors."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import compose_config
+from training.checkpoint import load_checkpoint, load_model
+from training.config import to_train_config
+from training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_train(overrides: list[str]) -> dict:
+    return train(to_train_config(compose_config(overrides)))
+
+
+def test_tiny_run_learns_and_writes_metrics_and_checkpoints(tiny_run_overrides, tmp_path):
+    metrics = run_train([*tiny_run_overrides, "max_steps=60", "eval_interval=30", "optim.lr=3e-3"])
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [line["val/loss"] for line in lines if "val/loss" in line]
+    assert len(val) == 2 and val[-1] < val[0]
+    assert val[-1] < math.log(25)  # well below a uniform guess over the ~25-symbol vocabulary
+    # char tokens are ~1 byte each (plus one EOT per document), so bits/byte ~ loss / ln 2
+    assert metrics["val/bpb"] == pytest.approx(metrics["val/loss"] / math.log(2), rel=0.01)
+    assert {"train/loss", "lr", "throughput/tokens_per_s"} <= set(lines[0])
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("*.safetensors"))
+    assert [p.name for p in ckpts] == ["best.safetensors", "step_0000030.safetensors", "step_0000060.safetensors"]
+    ckpt = load_checkpoint(ckpts[-1])
+    assert ckpt.meta["step"] == 60 and ckpt.meta["tokenizer"]["name"] == "char"
+    model, _ = load_model(ckpts[-1])
+    assert model.config.n_layer == 2
+
+
+def test_resume_continues_from_the_last_checkpoint(tiny_run_overrides, tmp_path):
+    run_train([*tiny_run_overrides, "max_steps=20"])
+    metrics = run_train([*tiny_run_overrides, "max_steps=30", "resume=auto"])
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 30 and "val/loss" in metrics
+
+
+def test_a_second_fresh_run_refuses_to_overwrite(tiny_run_overrides, tmp_path):
+    run_train(tiny_run_overrides)
+    before = (tmp_path / "run" / "checkpoints" / "step_0000020.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="already holds another run's checkpoints; pass resume=auto"):
+        run_train(tiny_run_overrides)
+    assert (tmp_path / "run" / "checkpoints" / "step_0000020.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.n_head=0", r"model.n_head=0 is invalid"),
+        ("model.d_k=0", r"model.d_k=0 is invalid"),
+        ("model.dropout=1.5", r"model.dropout=1.5 is invalid"),
+        ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be > 0"),
+        ("data.tokenizer=bpe", r"data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
+        ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
+        ("model.block_size=100000", r"split has \d+ tokens; it needs more than model.block_size=100000"),
+        ("batch_size=0", r"batch_size=0 is invalid"),
+        ("precision=fp8", r"precision='fp8' is unknown"),
+    ],
+)
+def test_bad_values_are_refused_with_their_name(tiny_run_overrides, override, message):
+    with pytest.raises(ValueError, match=message):
+        run_train([*tiny_run_overrides, override])
+
+
+@pytest.mark.slow
+def test_train_py_cli_runs_and_errors_cleanly(tiny_run_overrides, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ok = subprocess.run(
+        [sys.executable, "train.py", *tiny_run_overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "--- sample ---" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "train.py", *tiny_run_overrides, "model.n_head=0", "overwrite=true"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1] == "error: model.n_head=0 is invalid; it must be >= 1"
