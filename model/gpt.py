@@ -2,10 +2,8 @@
 Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head."""
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -178,36 +176,6 @@ class GPT(nn.Module):
         forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
         return 3 * forward
 
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        stop_token: int | None = None,
-        padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """The prompt (B, T) followed by up to max_new_tokens sampled tokens; see model/generate.py."""
-        return generation.generate(
-            self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask
-        )
-
-    def stream(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-        stop_token: int | None = None,
-        padding_mask: Tensor | None = None,
-    ) -> Iterator[Tensor]:
-        """Like generate, but yields each step's new tokens (B,) as soon as they are sampled."""
-        return generation.stream(
-            self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask
-        )
+    # Sampling lives in model/generate.py (prefill + KV-cached decode); these make it model.generate(...).
+    generate = generation.generate
+    stream = generation.stream

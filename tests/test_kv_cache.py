@@ -13,6 +13,16 @@ BACKENDS = ["explicit", "sdpa"]
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a busy 2-core machine OpenMP spin-waits made
+    this module 10-50x slower with two; one thread keeps it at seconds anywhere."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_model(backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(
