@@ -18,8 +18,8 @@ def token_positions(
     """Positions of `length` new tokens that follow `offset` real tokens already seen (per row).
 
     Without padding they are offset .. offset + length - 1. With a (B, length) padding mask (True
-    = real token) only real tokens advance the count; padding gets the position of the next real
-    token's predecessor (clamped to 0), which never matters because attention ignores it.
+    = real token) only real tokens advance the count; padding repeats the position of the real token
+    before it (0 at the start of a row), which never matters because attention ignores padding.
     Returns (1, length) or (B, length).
     """
     if padding_mask is not None:
@@ -71,7 +71,8 @@ class KVCache:
             return torch.zeros(shape, device=device, dtype=dtype)
 
         # Separate tensors per layer (not one stacked tensor), so writing one layer's slots never
-        # bumps the autograd version of another's: a forward with gradients through the cache works.
+        # bumps the autograd version of another's: one forward pass with gradients through the cache
+        # works (the causality tests backpropagate through it).
         self.layers = [LayerCache(self, buffer(), buffer()) for _ in range(n_layer)]
         self.max_length = max_length
         self.real = torch.ones(batch_size, max_length, dtype=torch.bool, device=device)  # False = padding slot

@@ -43,9 +43,10 @@ def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k,
             assert (logits[:, j:] - base[:, j:]).abs().max().item() > 1e-4
 
 
+@pytest.mark.parametrize("through_cache", [False, True])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
 @pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k):
+def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k)
     captured = {}
 
@@ -57,7 +58,7 @@ def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k):
     idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(2))
     for i in (0, 5, T - 2):
         model.zero_grad()
-        logits, _ = model(idx)
+        logits, _ = model(idx, cache=model.new_cache(1, T) if through_cache else None)
         logits[0, i].sum().backward()
         grad = captured["emb"].grad[0]  # (T, d_model)
         assert torch.count_nonzero(grad[i + 1 :]) == 0, f"output {i} has a gradient from a later input"
