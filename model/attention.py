@@ -118,6 +118,12 @@ def fused_attention(
     )
 
 
+def rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
+    """`norm` applied in float32, returned in x's dtype. Under bf16 autocast x is bf16 and the gain
+    float32, with bf16 weights the reverse; mixed dtypes would miss the fused kernel (and warn)."""
+    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).type_as(x)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention where n_head, d_k and n_kv_head are independent knobs.
 
@@ -161,9 +167,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
         k = k.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
         v = v.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)
-        if self.q_norm is not None:  # in float32: under bf16 autocast the gains are float32, and mixed
-            # dtypes would miss the fused kernel (and warn on every call)
-            q, k = self.q_norm(q.float()).type_as(q), self.k_norm(k.float()).type_as(k)
+        if self.q_norm is not None:
+            q, k = rms_norm(self.q_norm, q), rms_norm(self.k_norm, k)
         if rotary is not None:
             q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
         return q, k, v
