@@ -73,7 +73,7 @@ def to_hf_config(config: GPTConfig, eos_token_id: int | None = None) -> "GPT2Con
         n_embd=config.d_model,
         n_layer=config.n_layer,
         n_head=config.n_head,
-        n_inner=config.ff_dim,
+        n_inner=None if config.ff_dim == 4 * config.d_model else config.ff_dim,  # None: GPT-2's 4 * n_embd
         activation_function="gelu_new",
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
