@@ -18,8 +18,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE
 from model import GPT
@@ -85,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
     imp.add_argument("hf_dir")
     imp.add_argument("checkpoint")
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
     try:
         if args.command == "export":
             print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
