@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from training.config import register_configs, to_train_config
+from training.signals import RunInterrupted
 from training.trainer import train
 
 log = logging.getLogger("train")
@@ -28,8 +29,13 @@ def main(cfg: DictConfig) -> float | None:
     log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg))
     try:
         metrics = train(to_train_config(cfg))
-    except (ValueError, FileNotFoundError) as e:
+    except RunInterrupted as e:
+        log.warning("%s", e)
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (ValueError, OSError, FloatingPointError) as e:  # user-fixable: one line, no traceback
         log.error("%s", e)
+        log.debug("traceback", exc_info=True)
         sys.exit(f"error: {e}")
     return metrics.get("val/loss")  # lets Hydra sweepers optimise it
 
