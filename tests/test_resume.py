@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import training.trainer
-from tests.conftest import compose_config, write_corpus
+from tests.conftest import compose_config
 from training.checkpoint import load_checkpoint
 from training.config import to_train_config
 from training.signals import RunInterrupted, StopSignals
@@ -24,17 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXACT = ["max_steps=20", "eval_interval=4", "log_interval=1", "model.dropout=0.1", "sample_tokens=0"]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> list[str]:
-    """One generated corpus and data cache for the module; each test adds its own out_dir."""
-    base = tmp_path_factory.mktemp("resume")
-    files = write_corpus(base / "corpus")
-    return ["+debug=tiny", "data.source=files", f"data.files=[{','.join(files)}]", f"data.cache_dir={base / 'cache'}"]
-
-
 @pytest.fixture
-def run_overrides(corpus, tmp_path) -> list[str]:
-    return [*corpus, *EXACT, "progress=false", f"out_dir={tmp_path / 'run'}"]
+def run_overrides(shared_corpus_overrides, tmp_path) -> list[str]:
+    return [*shared_corpus_overrides, *EXACT, f"out_dir={tmp_path / 'run'}"]
 
 
 def run_train(overrides: list[str]) -> dict:
@@ -57,10 +49,10 @@ def logged(out_dir: Path, key: str = "train/loss") -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory) -> Path:
+def reference(shared_corpus_overrides, tmp_path_factory) -> Path:
     """An uninterrupted run of the same config, in its own directory."""
     out_dir = tmp_path_factory.mktemp("reference")
-    run_train([*corpus, *EXACT, "progress=false", f"out_dir={out_dir}"])
+    run_train([*shared_corpus_overrides, *EXACT, f"out_dir={out_dir}"])
     return out_dir
 
 
@@ -148,3 +140,15 @@ def test_sigkill_and_sigterm_at_random_steps_resume_to_identical_losses(run_over
     assert stops[-1] < 20 and len(set(stops)) == 3
     assert logged(out_dir) == logged(reference)  # every step, bit for bit
     assert logged(out_dir, "val/loss") == logged(reference, "val/loss")
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run(run_overrides, tmp_path):
+    offline = [*run_overrides, "logger=wandb", "logger.mode=offline", "max_steps=8"]
+    run_train(offline)
+    first = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000008.safetensors").meta["wandb_run_id"]
+    run_train([*offline, "max_steps=12", "resume=auto"])
+    second = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000012.safetensors").meta["wandb_run_id"]
+    assert first and second == first
+    runs = sorted(p.name for p in (tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{first}") for name in runs)

@@ -104,7 +104,12 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> Non
     for key, value in ckpt.section("optim.").items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": ckpt.meta["optim_param_groups"]})
+    # JSON turned tuples such as AdamW's betas into lists; `params` is the one real list.
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
+        for group in ckpt.meta["optim_param_groups"]
+    ]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def digest(header: str, tensors: dict[str, Tensor]) -> str:
