@@ -201,22 +201,16 @@ def test_nonfinite_steps_are_skipped_and_counted(run, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_refusals_are_one_line_with_a_nonzero_exit(run, tmp_path):
+def test_cli_refuses_another_runs_directory_in_one_line(run, tmp_path):
     run_train(run)
     before = {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def cli(*extra: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "train.py", *run, *extra]
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-    again = cli()
+    cmd = [sys.executable, "train.py", *run]
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'run' / 'checkpoints'} already holds another run's checkpoints; "
         "pass resume=auto to continue it or overwrite=true to start over"
     )
     assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()} == before
-    unknown = cli("data=nope")  # Hydra's own refusal, which lists the allowed options
-    assert unknown.returncode == 1
-    assert "Could not find 'data/nope'" in unknown.stderr and "shakespeare" in unknown.stderr

@@ -63,16 +63,16 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, dat
     if "optim_param_groups" not in ckpt.meta:
         raise ValueError(f"{where} holds no optimizer state (weights only); it can be sampled from, not resumed")
     if ckpt.meta.get("tokenizer") != data.meta["tokenizer"]:
-        raise ValueError(
-            f"{where} was trained with tokenizer {describe_tokenizer(ckpt.meta.get('tokenizer'))}, "
-            f"which does not match the data's tokenizer {describe_tokenizer(data.meta['tokenizer'])}"
-        )
-    saved = ckpt.meta["config"]
+        saved, now = describe_tokenizer(ckpt.meta.get("tokenizer")), describe_tokenizer(data.meta["tokenizer"])
+        if saved == now:  # e.g. two char vocabularies of the same size
+            now += " with other symbols"
+        raise ValueError(f"{where} was trained with tokenizer {saved}, which does not match the data's tokenizer {now}")
     if ckpt.meta.get("vocab_size") != data.meta["vocab_size"]:
         raise ValueError(
             f"{where} was trained on a vocabulary of {ckpt.meta.get('vocab_size')} tokens; "
             f"the data's is {data.meta['vocab_size']}"
         )
+    saved = ckpt.meta["config"]
     model_now = asdict(cfg.model)
     for key in ARCH_KEYS:
         if saved["model"].get(key) != model_now[key]:

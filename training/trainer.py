@@ -5,6 +5,7 @@ resume.py (what a checkpoint records and restoring it), signals.py (SIGTERM/SIGI
 step, save, exit), guards.py (non-finite loss or gradient), preflight.py (data checks).
 """
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict
@@ -108,54 +109,46 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         disable=not cfg.progress,
         dynamic_ncols=True,
     )
-    t0 = time.perf_counter()
-    with StopSignals() as stop:
-        try:
-            for step in bar:
-                lr = lr_at(step, cfg.optim, cfg.max_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(cfg.grad_accum_steps):
-                    x, y = sample_batch(
-                        data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
-                    )
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    with ctx:
-                        _, loss = train_model(x, y)
-                    (loss / cfg.grad_accum_steps).backward()
-                    loss_sum += loss.detach()
-                train_loss, grad_norm = read_step(
-                    loss_sum / cfg.grad_accum_steps, grad_norm_(params, cfg.optim.grad_clip)
+    t0, last_logged = time.perf_counter(), state.step
+    with StopSignals() as stop, contextlib.closing(logger), contextlib.closing(bar):
+        for step in bar:
+            lr = lr_at(step, cfg.optim, cfg.max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(cfg.grad_accum_steps):
+                x, y = sample_batch(
+                    data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
                 )
-                state.step = step + 1
-                if is_finite(train_loss, grad_norm):
-                    optimizer.step()
-                elif cfg.on_nonfinite == "skip":
-                    state.skipped_steps += 1
-                    log.warning("step %d: loss %s / grad norm %s; update skipped", state.step, train_loss, grad_norm)
-                else:
-                    raise nonfinite_error(state.step, train_loss, grad_norm, checkpoints.latest())
-                optimizer.zero_grad(set_to_none=True)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with ctx:
+                    _, loss = train_model(x, y)
+                (loss / cfg.grad_accum_steps).backward()
+                loss_sum += loss.detach()
+            train_loss, grad_norm = read_step(loss_sum / cfg.grad_accum_steps, grad_norm_(params, cfg.optim.grad_clip))
+            state.step = done = step + 1
+            if is_finite(train_loss, grad_norm):
+                optimizer.step()
+            elif cfg.on_nonfinite == "skip":
+                state.skipped_steps += 1
+                log.warning("step %d: loss %s / grad norm %s; update skipped", done, train_loss, grad_norm)
+            else:
+                raise nonfinite_error(done, train_loss, grad_norm, checkpoints.latest())
+            optimizer.zero_grad(set_to_none=True)
 
-                done = state.step
-                if done % cfg.log_interval == 0 or done == cfg.max_steps:
-                    elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
-                    steps_done = cfg.log_interval if done % cfg.log_interval == 0 else done % cfg.log_interval
-                    tok_s = tokens_per_step * steps_done / elapsed
-                    record = {"train/loss": train_loss, "train/grad_norm": grad_norm, "lr": lr}
-                    record |= {"throughput/tokens_per_s": tok_s, "train/skipped_steps": state.skipped_steps}
-                    logger.log(record, done)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
-                if done % cfg.eval_interval == 0 or done == cfg.max_steps:
-                    evaluate_and_save()
-                    t0 = time.perf_counter()  # keep eval time out of throughput
-                if stop.requested is not None:
-                    path = checkpoints.latest() if saved_step == done else save(is_best=False)
-                    raise RunInterrupted(stop.requested, done, str(path))
-        finally:
-            bar.close()
-            logger.close()
+            if done % cfg.log_interval == 0 or done == cfg.max_steps:
+                tok_s = tokens_per_step * (done - last_logged) / (time.perf_counter() - t0)
+                t0, last_logged = time.perf_counter(), done
+                record = {"train/loss": train_loss, "train/grad_norm": grad_norm, "lr": lr}
+                record |= {"throughput/tokens_per_s": tok_s, "train/skipped_steps": state.skipped_steps}
+                logger.log(record, done)
+                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
+            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
+                evaluate_and_save()
+                t0, last_logged = time.perf_counter(), done  # keep eval time out of throughput
+            if stop.requested is not None:
+                path = checkpoints.latest() if saved_step == done else save(is_best=False)
+                raise RunInterrupted(stop.requested, done, str(path))
 
     if cfg.sample_tokens > 0:
         text = sample_text(model, data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
