@@ -5,6 +5,7 @@ Examples:
     python train.py model.n_head=8 model.d_k=32       # heads and d_k are independent
     python train.py data=shakespeare_gpt2 max_steps=500
     python train.py +debug=tiny                        # a seconds-long smoke run
+    python train.py +experiment=ablate_heads_dk        # a multirun sweep over n_head x d_k
 """
 
 import logging
@@ -12,6 +13,7 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from training.config import register_configs, to_train_config
@@ -30,7 +32,12 @@ def main(cfg: DictConfig) -> float | None:
         metrics = train(to_train_config(cfg))
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # Hydra records the failed job and goes on with the rest of the sweep
         sys.exit(f"error: {e}")
+    except Exception:
+        log.exception("training failed")  # into the run's train.log, where the ablation report finds it
+        raise
     return metrics.get("val/loss")  # lets Hydra sweepers optimise it
 
 
