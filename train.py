@@ -10,6 +10,7 @@ Examples:
 
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,14 +26,17 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    hydra_cfg = HydraConfig.get()
     if cfg.out_dir is None:
-        cfg.out_dir = HydraConfig.get().runtime.output_dir
+        cfg.out_dir = hydra_cfg.runtime.output_dir
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
+        cfg.logger.group = "/".join(Path(hydra_cfg.sweep.dir).parts[-2:])  # wandb runs of one sweep share a group
     log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg))
     try:
         metrics = train(to_train_config(cfg))
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the rest of the sweep
         sys.exit(f"error: {e}")
     except Exception:
