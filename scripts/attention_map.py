@@ -31,7 +31,7 @@ def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str
     """maps (n_layer, n_head, T, T) -> a PNG grid with the token labels on both axes."""
     L, H, T, _ = maps.shape
     panel = min(max(2.2, 0.16 * T + 0.8), 8.0)
-    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.0, panel * L + 0.6), squeeze=False)
+    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.0, panel * L + 0.6), squeeze=False, layout="constrained")
     every = max(1, T // 48)  # thin the labels of long prompts so they stay readable
     ticks = list(range(0, T, every))
     fontsize = max(4, min(8, int(300 / max(T, 1))))
@@ -49,7 +49,7 @@ def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

@@ -9,6 +9,9 @@ iso_flop       d_k free; max_steps = flop_budget / (flops_per_token * tokens_per
 iso_time       d_k free; max_steps = time_budget_s / (measured seconds per step), so every run
                gets the same wall-clock. The step time is the median of a few steps of a
                throw-away copy of the model, so the learning-rate schedule still ends at max_steps.
+
+Under iso_flop and iso_time the configured max_steps is replaced; the value used is written to
+run_info.json. A resumed iso_time run measures again, so its max_steps may differ: resume iso_flop.
 """
 
 import copy
