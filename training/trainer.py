@@ -17,9 +17,11 @@ from training import checkpoint as ckpt_io
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
+from training.fairness import measure_seconds_per_step, steps_for_flops, steps_for_time
 from training.loggers import MetricsLogger
 from training.optim import build_optimizer, lr_at
 from training.run_dir import CheckpointDir
+from training.run_info import write_run_info, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +63,43 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.compile:
         train_model = torch.compile(model)
     ctx = autocast(device, precision)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * cfg.model.block_size
+
+    def train_step(m: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tensor:
+        """One optimizer step over grad_accum_steps micro-batches; returns the summed loss."""
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum_steps):
+            x, y = sample_batch(
+                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
+            )
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with ctx:
+                _, loss = m(x, y)
+            (loss / cfg.grad_accum_steps).backward()
+            loss_sum += loss.detach()
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss_sum
+
+    # iso-FLOP / iso-time ablations derive max_steps from their budget (training/fairness.py).
+    if cfg.fairness.mode == "iso_flop":
+        cfg.max_steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
+    elif cfg.fairness.mode == "iso_time":
+        seconds = measure_seconds_per_step(
+            model,
+            lambda m: build_optimizer(m, cfg.optim, device.type),
+            train_step,
+            cfg.fairness.calibration_steps,
+            compile=cfg.compile,
+        )
+        cfg.max_steps = steps_for_time(cfg.fairness.time_budget_s, seconds)
+        log.info("iso_time: %.3f s/step -> max_steps %d", seconds, cfg.max_steps)
 
     config_dict = asdict(cfg)
     logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=wandb_id)
+    write_run_info(out_dir, model, config_dict, tokens_per_step)
     log.info(
         "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s",
         model.num_params() / 1e6,
@@ -72,8 +108,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         precision,
     )
     val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * cfg.model.block_size
     metrics: dict[str, Any] = {}
+    throughputs: list[float] = []
+    train_seconds = 0.0
 
     def evaluate_and_save(step: int) -> None:
         nonlocal best_val, metrics
@@ -107,20 +144,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         lr = lr_at(step, cfg.optim, cfg.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum_steps):
-            x, y = sample_batch(
-                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
-            )
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with ctx:
-                _, loss = train_model(x, y)
-            (loss / cfg.grad_accum_steps).backward()
-            loss_sum += loss.detach()
-        if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss_sum = train_step(train_model, optimizer, step)
 
         done = step + 1
         if done % cfg.log_interval == 0 or done == cfg.max_steps:
@@ -130,12 +154,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
             steps_done = cfg.log_interval if done % cfg.log_interval == 0 else done % cfg.log_interval
             tok_s = tokens_per_step * steps_done / elapsed
+            throughputs.append(tok_s)
+            train_seconds += elapsed
             logger.log({"train/loss": train_loss, "lr": lr, "throughput/tokens_per_s": tok_s}, done)
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
         if done % cfg.eval_interval == 0 or done == cfg.max_steps:
             evaluate_and_save(done)
             t0 = time.perf_counter()  # keep eval time out of throughput
     bar.close()
+    write_summary(
+        out_dir, metrics, cfg.max_steps, best_val, throughputs, train_seconds, model.flops_per_token(), tokens_per_step
+    )
 
     if cfg.sample_tokens > 0:
         text = sample_text(model, data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
