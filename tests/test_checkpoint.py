@@ -142,6 +142,17 @@ def test_foreign_safetensors_file_is_refused(tmp_path):
         load_checkpoint(path)
 
 
+def test_header_length_starting_like_a_pickle_still_loads(tmp_path):
+    """safetensors begins with its header length; 0x80 as its low byte is not a pickle."""
+    model, optimizer = trained_pair()
+    for pad in range(300):  # the header grows with the padding until its length's low byte is 0x80
+        path = save_checkpoint(tmp_path / "c.safetensors", model, optimizer, {"step": 1, "pad": "x" * pad})
+        if path.read_bytes()[:1] == b"\x80":
+            break
+    assert path.read_bytes()[:1] == b"\x80"
+    assert load_checkpoint(path).meta["pad"] == "x" * pad
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nope.safetensors' does not exist"):
         load_checkpoint(tmp_path / "nope.safetensors")

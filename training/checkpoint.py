@@ -179,14 +179,17 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    with open(path, "rb") as f:
-        if f.read(4).startswith(PICKLE_MAGIC):
-            raise ValueError(f"checkpoint {str(path)!r} is a pickle/torch.save file; only attnlab safetensors load")
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
     except Exception as e:  # safetensors raises several types for truncated/corrupt files
+        with open(path, "rb") as f:
+            # Only once safetensors has refused it: a header length can also begin with 0x80.
+            if f.read(4).startswith(PICKLE_MAGIC):
+                raise ValueError(
+                    f"checkpoint {str(path)!r} is a pickle/torch.save file; only attnlab safetensors load"
+                ) from None
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"checkpoint {str(path)!r} is corrupt or not a safetensors file ({msg})") from None
     header = metadata.get("attnlab")

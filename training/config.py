@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.config import DataConfig
 from model.gpt import GPTConfig
 from training.device import PRECISIONS
+from training.fairness import FairnessConfig
 from training.guards import NONFINITE_POLICIES
 from training.loggers import LoggerConfig
 from training.optim import OptimConfig
@@ -23,6 +24,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)  # what an ablation holds fixed
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -48,6 +50,7 @@ class TrainConfig:
         self.data.validate()
         self.optim.validate()
         self.logger.validate()
+        self.fairness.validate(self.model)
         positive = {
             "batch_size": self.batch_size,
             "grad_accum_steps": self.grad_accum_steps,

@@ -23,12 +23,14 @@ from training import checkpoint as ckpt_io
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
+from training.fairness import measure_seconds_per_step, steps_for_flops, steps_for_time
 from training.guards import check_weights_finite, grad_norm_, is_finite, nonfinite_error, read_step
 from training.loggers import MetricsLogger
 from training.optim import build_optimizer, lr_at
 from training.preflight import check_data_fits
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, trim_metrics
+from training.run_info import write_run_info, write_summary
 from training.signals import RunInterrupted, StopSignals
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,43 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         state, ckpt = restore(resume_path, cfg, model, optimizer, data)
     train_model = torch.compile(model) if cfg.compile else model
     ctx = autocast(device, precision)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * cfg.model.block_size
+
+    def forward_backward(m: torch.nn.Module, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """grad_accum_steps micro-batches forward and backward: (mean loss, clipped grad norm), no sync."""
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum_steps):
+            x, y = sample_batch(
+                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
+            )
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with ctx:
+                _, loss = m(x, y)
+            (loss / cfg.grad_accum_steps).backward()
+            loss_sum += loss.detach()
+        return loss_sum / cfg.grad_accum_steps, grad_norm_(list(m.parameters()), cfg.optim.grad_clip)
+
+    def train_step(m: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tensor:
+        """One optimizer step as iso_time calibration times it (the loop below also handles bad steps)."""
+        loss, norm = forward_backward(m, step)
+        if is_finite(*read_step(loss, norm)):
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    # iso-FLOP / iso-time ablations derive max_steps from their budget (training/fairness.py).
+    if cfg.fairness.mode == "iso_flop":
+        cfg.max_steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
+    elif cfg.fairness.mode == "iso_time":
+        seconds = measure_seconds_per_step(
+            model,
+            lambda m: build_optimizer(m, cfg.optim, device.type),
+            train_step,
+            cfg.fairness.calibration_steps,
+            compile=cfg.compile,
+        )
+        cfg.max_steps = steps_for_time(cfg.fairness.time_budget_s, seconds)
+        log.info("iso_time: %.3f s/step -> max_steps %d", seconds, cfg.max_steps)
 
     # Every check has passed: only now may this run replace what out_dir holds.
     checkpoints.start(resume_path, state.step)
@@ -67,6 +106,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     config_dict = asdict(cfg)
     logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=state.wandb_run_id)
     state.wandb_run_id = logger.run_id or state.wandb_run_id
+    write_run_info(out_dir, model, config_dict, tokens_per_step)
     log.info(
         "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s",
         model.num_params() / 1e6,
@@ -75,9 +115,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         precision,
     )
     val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * cfg.model.block_size
-    params = list(model.parameters())
     metrics: dict[str, Any] = {}
+    throughputs: list[float] = []
+    train_seconds = 0.0
     saved_step = state.step
 
     def save(is_best: bool) -> Path:
@@ -115,17 +155,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             lr = lr_at(step, cfg.optim, cfg.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(cfg.grad_accum_steps):
-                x, y = sample_batch(
-                    data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
-                )
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with ctx:
-                    _, loss = train_model(x, y)
-                (loss / cfg.grad_accum_steps).backward()
-                loss_sum += loss.detach()
-            train_loss, grad_norm = read_step(loss_sum / cfg.grad_accum_steps, grad_norm_(params, cfg.optim.grad_clip))
+            train_loss, grad_norm = read_step(*forward_backward(train_model, step))
             state.step = done = step + 1
             if is_finite(train_loss, grad_norm):
                 optimizer.step()
@@ -137,8 +167,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
 
             if done % cfg.log_interval == 0 or done == cfg.max_steps:
-                tok_s = tokens_per_step * (done - last_logged) / (time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
+                tok_s = tokens_per_step * (done - last_logged) / elapsed
                 t0, last_logged = time.perf_counter(), done
+                throughputs.append(tok_s)
+                train_seconds += elapsed
                 record = {"train/loss": train_loss, "train/grad_norm": grad_norm, "lr": lr}
                 record |= {"throughput/tokens_per_s": tok_s, "train/skipped_steps": state.skipped_steps}
                 logger.log(record, done)
@@ -149,6 +182,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if stop.requested is not None:
                 path = checkpoints.latest() if saved_step == done else save(is_best=False)
                 raise RunInterrupted(stop.requested, done, str(path))
+    write_summary(
+        out_dir,
+        metrics,
+        cfg.max_steps,
+        state.best_val_loss,
+        throughputs,
+        train_seconds,
+        model.flops_per_token(),
+        tokens_per_step,
+    )
 
     if cfg.sample_tokens > 0:
         text = sample_text(model, data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
