@@ -188,8 +188,12 @@ class GPT(nn.Module):
     def embed(self, idx: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None."""
         x = self.tok_emb(idx)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(positions).to(x.dtype)  # the sinusoid table is float32
+        if isinstance(self.pos_emb, SinusoidalPositions):
+            # The paper scales token embeddings by sqrt(d_model) (section 3.4); without it the fixed
+            # table (amplitude 1) would drown GPT-2-initialised ones (std 0.02) and slow learning.
+            x = x * math.sqrt(self.config.d_model) + self.pos_emb(positions).to(x.dtype)  # table is float32
+        elif self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
         rotary = self.rotary(positions) if self.rotary is not None else None
         return self.drop(x), rotary
 

@@ -120,6 +120,15 @@ def test_sinusoid_table_is_the_papers_formula_for_any_position():
     assert odd.shape == (1, 1, 5) and odd[0, 0, 4].item() == pytest.approx(math.sin(3 / 10000 ** (4 / 5)), abs=1e-5)
 
 
+def test_sinusoidal_model_adds_the_table_to_sqrt_d_model_scaled_token_embeddings():
+    model = make_model(pos_encoding="sinusoidal")
+    idx, positions = tokens(1, 5), torch.arange(5)[None]
+    x, rotary = model.embed(idx, positions)
+    expected = model.tok_emb(idx) * math.sqrt(48) + SinusoidalPositions(48)(positions)
+    torch.testing.assert_close(x, expected)
+    assert rotary is None and model.rotary is None
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_bf16_autocast_and_bf16_weights_run_every_variant(variant):
     torch.manual_seed(0)
