@@ -10,10 +10,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from data.batches import eval_batches, sample_batch
+from data.batches import eval_batches
 from data.prepare import PreparedData, prepare
 from model import GPT
 from training import checkpoint as ckpt_io
+from training import distributed
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
@@ -39,31 +40,49 @@ def check_data_fits(data: PreparedData, cfg: TrainConfig) -> None:
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns the final metrics."""
+    """Run training as configured (on every rank, under torchrun); returns the final metrics."""
     cfg.validate()
+    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist_info, device):
+        return train_on_rank(cfg, dist_info, device)
+
+
+def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: torch.device) -> dict[str, Any]:
+    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist_info)  # Hydra made one per rank
+    layout = distributed.batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, dist_info.world_size)
+    accum = layout.accum_steps
     out_dir = Path(cfg.out_dir)
     checkpoints = CheckpointDir(out_dir / "checkpoints")
     resume_path = checkpoints.resume_path(cfg.resume, cfg.overwrite)
-    device = resolve_device(cfg.device)
+    distributed.check_same(
+        str(resume_path), "the checkpoint to resume", "out_dir must be on a shared filesystem", dist_info
+    )
     precision = resolve_precision(cfg.precision, device)
     data = prepare(cfg.data, progress=cfg.progress)
     check_data_fits(data, cfg)
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = data.meta["vocab_size"]
 
+    def plain_model() -> GPT:  # the architecture on the CPU, for FSDP to gather shards into
+        return GPT(cfg.model)
+
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device.type)
+
+    def new_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(m, cfg.optim, device.type)
+
+    optimizer = new_optimizer(model)
     start_step, best_val, wandb_id = 0, math.inf, None
     if resume_path is not None:
         start_step, best_val, wandb_id = restore(resume_path, model, optimizer, data)
-    train_model = model
+    train_model, optimizer = distributed.wrap(model, optimizer, new_optimizer, cfg.distributed, dist_info, device)
+    wrapped = train_model
     if cfg.compile:
-        train_model = torch.compile(model)
+        train_model = torch.compile(train_model)
     ctx = autocast(device, precision)
 
     config_dict = asdict(cfg)
-    logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=wandb_id)
+    logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=wandb_id) if dist_info.is_main else None
     log.info(
         "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s",
         model.num_params() / 1e6,
@@ -72,14 +91,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         precision,
     )
     val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * cfg.model.block_size
+    tokens_per_step = layout.micro_batch * accum * dist_info.world_size * cfg.model.block_size
     metrics: dict[str, Any] = {}
 
     def evaluate_and_save(step: int) -> None:
         nonlocal best_val, metrics
-        val_loss = mean_loss(train_model, val_batches, device, ctx)
+        val_loss = distributed.sharded_mean_loss(
+            lambda batches: mean_loss(train_model, batches, device, ctx), val_batches, dist_info, device
+        )
         metrics = eval_metrics(val_loss, data.meta["val_tokens"], data.meta["val_bytes"])
-        logger.log(metrics, step)
+        if logger:
+            logger.log(metrics, step)
         log.info("step %d: val loss %.4f, bpb %.4f", step, val_loss, metrics["val/bpb"])
         is_best = val_loss < best_val
         best_val = min(best_val, val_loss)
@@ -89,17 +111,20 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "config": config_dict,
             "tokenizer": data.meta["tokenizer"],
             "data_fingerprint": data.meta["fingerprint"],
-            "wandb_run_id": logger.run_id,
+            "wandb_run_id": logger.run_id if logger else None,
             "metrics": metrics,
         }
-        checkpoints.save(model, optimizer, meta, step, is_best)
+        full_model, full_optimizer = distributed.gather_for_save(
+            model, optimizer, plain_model, new_optimizer, dist_info
+        )
+        distributed.on_main(lambda: checkpoints.save(full_model, full_optimizer, meta, step, is_best), dist_info)
 
     model.train()
     bar = tqdm(
         range(start_step, cfg.max_steps),
         initial=start_step,
         total=cfg.max_steps,
-        disable=not cfg.progress,
+        disable=not cfg.progress or not dist_info.is_main,
         dynamic_ncols=True,
     )
     t0 = time.perf_counter()
@@ -108,14 +133,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum_steps):
-            x, y = sample_batch(
-                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro
-            )
+        for micro in range(accum):
+            x, y = layout.batch(data.train, cfg.model.block_size, cfg.seed, step, micro, dist_info)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with ctx:
-                _, loss = train_model(x, y)
-            (loss / cfg.grad_accum_steps).backward()
+            with distributed.grad_sync(wrapped, micro == accum - 1):
+                with ctx:
+                    _, loss = train_model(x, y)
+                (loss / accum).backward()
             loss_sum += loss.detach()
         if cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
@@ -124,13 +148,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
         done = step + 1
         if done % cfg.log_interval == 0 or done == cfg.max_steps:
-            train_loss = (loss_sum / cfg.grad_accum_steps).item()  # the only host sync of the step
+            train_loss = distributed.mean_over_ranks(loss_sum / accum, dist_info).item()  # the step's one host sync
             if not math.isfinite(train_loss):
                 raise FloatingPointError(f"loss became {train_loss} at step {step}; last good checkpoint kept")
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
             steps_done = cfg.log_interval if done % cfg.log_interval == 0 else done % cfg.log_interval
             tok_s = tokens_per_step * steps_done / elapsed
-            logger.log({"train/loss": train_loss, "lr": lr, "throughput/tokens_per_s": tok_s}, done)
+            if logger:
+                logger.log({"train/loss": train_loss, "lr": lr, "throughput/tokens_per_s": tok_s}, done)
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
         if done % cfg.eval_interval == 0 or done == cfg.max_steps:
             evaluate_and_save(done)
@@ -138,9 +163,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     bar.close()
 
     if cfg.sample_tokens > 0:
-        text = sample_text(model, data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
-        print(f"\n--- sample ---\n{text}\n--------------")
-    logger.close()
+        sampler, _ = distributed.gather_for_save(model, None, plain_model, new_optimizer, dist_info)
+
+        def print_sample() -> None:
+            text = sample_text(sampler.to(device), data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
+            print(f"\n--- sample ---\n{text}\n--------------")
+
+        distributed.on_main(print_sample, dist_info)
+    if logger:
+        logger.close()
     return metrics
 
 
