@@ -191,6 +191,15 @@ def on_main(fn: Callable[[], T], info: DistInfo) -> T | None:
     return result
 
 
+def main_first(fn: Callable[[], T], info: DistInfo) -> T:
+    """Run `fn` on rank 0, then on the others: for work with a shared result on disk (preparing the
+    data cache), done once rather than by every rank at the same time."""
+    result = on_main(fn, info)
+    if info.is_main:
+        return result
+    return fn()
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """How one optimizer step's sequences are spread over ranks and micro-steps.

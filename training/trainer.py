@@ -57,7 +57,7 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         str(resume_path), "the checkpoint to resume", "out_dir must be on a shared filesystem", dist_info
     )
     precision = resolve_precision(cfg.precision, device)
-    data = prepare(cfg.data, progress=cfg.progress)
+    data = distributed.main_first(lambda: prepare(cfg.data, progress=cfg.progress), dist_info)
     check_data_fits(data, cfg)
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = data.meta["vocab_size"]
