@@ -308,6 +308,15 @@ def mean_over_ranks(value: Tensor, info: DistInfo) -> Tensor:
     return out / info.world_size
 
 
+def max_over_ranks(value: int, info: DistInfo) -> int:
+    """The largest of an integer across ranks: a stop signal seen by any rank stops all at the same step."""
+    if not info.enabled:
+        return value
+    out = torch.tensor([value], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return int(out.item())
+
+
 def full_tensor(value: Tensor) -> Tensor:
     """A DTensor (FSDP2 parameters, gradients, norms) gathered into a plain tensor; others unchanged."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value
