@@ -1,6 +1,8 @@
 """Distributed training on CPU (gloo, 2 processes): same losses as one process, checkpoints that a
-one-process run resumes, one run directory, failures that end every rank instead of hanging."""
+one-process run resumes and scripts/sample.py reads, one run directory, failures that end every
+rank instead of hanging."""
 
+import io
 import json
 import os
 import subprocess
@@ -12,10 +14,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from scripts.sample import SampleConfig, sample
 from tests.conftest import compose_config
 from tests.distributed_worker import failing_worker, free_port
 from training import distributed
-from training.checkpoint import load_checkpoint, load_model
+from training.checkpoint import load_checkpoint
 from training.config import to_train_config
 from training.distributed import DistInfo
 from training.trainer import train
@@ -154,8 +157,9 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
 
     # The 2-process checkpoint is a plain one: sampling loads it, a 1-process run continues it exactly.
     checkpoints = run_dirs[0] / "checkpoints"
-    model, _ = load_model(checkpoints / "step_0000004.safetensors")
-    assert model.num_params() > 0
+    sample_cfg = SampleConfig(checkpoint=str(checkpoints / "step_0000004.safetensors"), device="cpu", max_new_tokens=10)
+    samples = sample(sample_cfg, out=io.StringIO())
+    assert len(samples) == 1 and len(samples[0]) > len(sample_cfg.prompt)
     two_final = load_checkpoint(checkpoints / "step_0000004.safetensors").section("model.")
     one_final = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_0000004.safetensors").section("model.")
     assert two_final.keys() == one_final.keys()
