@@ -18,6 +18,7 @@ from scripts.sample import SampleConfig, sample
 from tests.conftest import compose_config
 from tests.distributed_worker import failing_worker, free_port
 from training import distributed
+from training.batch_layout import batch_layout
 from training.checkpoint import load_checkpoint
 from training.config import to_train_config
 from training.distributed import DistInfo
@@ -36,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_batch_layout_deals_out_the_one_process_batches(batch_size, grad_accum_steps, world_size):
     tokens = np.arange(10_000, dtype=np.uint16)
     kw = {"block_size": 16, "seed": 3, "step": 7}
-    single = distributed.batch_layout(batch_size, grad_accum_steps, None, 1)
+    single = batch_layout(batch_size, grad_accum_steps, None, 1)
     expected = torch.cat([single.batch(tokens, micro=m, info=DistInfo(), **kw)[0] for m in range(grad_accum_steps)])
 
-    layout = distributed.batch_layout(batch_size, grad_accum_steps, None, world_size)
+    layout = batch_layout(batch_size, grad_accum_steps, None, world_size)
     parts = {}
     for rank in range(world_size):
         info = DistInfo(rank=rank, world_size=world_size)
@@ -52,13 +53,13 @@ def test_batch_layout_deals_out_the_one_process_batches(batch_size, grad_accum_s
 
 
 def test_global_batch_size_derives_the_accumulation():
-    layout = distributed.batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=64, world_size=2)
+    layout = batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=64, world_size=2)
     assert (layout.micro_batch, layout.accum_steps, layout.split) == (8, 4, 1)
 
 
 def test_a_global_batch_that_ranks_cannot_share_is_refused():
     with pytest.raises(ValueError, match="a global batch of 8 sequences cannot be shared evenly by 3 processes"):
-        distributed.batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=None, world_size=3)
+        batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=None, world_size=3)
 
 
 @pytest.mark.parametrize(

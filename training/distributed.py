@@ -5,10 +5,7 @@ Launched by plain `python`, nothing here starts a process group and every helper
 single-process run is exactly what it was. Under `torchrun --nproc_per_node=N` each process reads
 RANK / LOCAL_RANK / WORLD_SIZE from its environment; NCCL is used on CUDA, gloo on CPU.
 
-Data: the global batch (sequences per optimizer step) does not depend on the number of processes.
-Its sequences are the micro-batches a one-process run would draw, dealt out to the ranks in turn
-(`BatchLayout`), so a run on W processes sees exactly the windows of a one-process run and, up to
-float rounding, produces the same losses (tests/test_distributed.py).
+Which sequences each rank trains on is training/batch_layout.py.
 """
 
 import contextlib
@@ -23,8 +20,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-
-from data.batches import sample_batch
 
 log = logging.getLogger(__name__)
 
@@ -198,52 +193,6 @@ def main_first(fn: Callable[[], T], info: DistInfo) -> T:
     if info.is_main:
         return result
     return fn()
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """How one optimizer step's sequences are spread over ranks and micro-steps.
-
-    The step's `global_batch_size` sequences are `global_batch_size / batch_size` reference
-    micro-batches of `batch_size` (those a one-process run draws), each cut into `split` equal
-    parts; rank r's micro-step m runs part `m * world_size + r`. `split` is 1 unless the reference
-    micro-batches are too few to give every rank whole ones.
-    """
-
-    batch_size: int  # sequences per reference micro-batch
-    micro_batch: int  # sequences per forward on each rank
-    accum_steps: int  # micro-steps per rank per optimizer step
-    split: int  # parts each reference micro-batch is cut into
-
-    def batch(
-        self, tokens: Any, block_size: int, seed: int, step: int, micro: int, info: DistInfo
-    ) -> tuple[Tensor, Tensor]:
-        """This rank's (x, y) for micro-step `micro`: rows of the reference micro-batch it belongs to."""
-        part = micro * info.world_size + info.rank
-        # rank=0 on purpose: the global part index already tells ranks apart, and keeps the data
-        # identical to a one-process run's.
-        x, y = sample_batch(tokens, self.batch_size, block_size, seed=seed, step=step, micro_step=part // self.split)
-        lo = (part % self.split) * self.micro_batch
-        return x[lo : lo + self.micro_batch], y[lo : lo + self.micro_batch]
-
-
-def batch_layout(batch_size: int, grad_accum_steps: int, global_batch_size: int | None, world_size: int) -> BatchLayout:
-    """Per-rank micro-batch and accumulation steps for a global batch that does not depend on world size.
-
-    `global_batch_size=None` means batch_size * grad_accum_steps, so a config trains on the same
-    sequences, with the same losses, under any number of processes that divides it evenly.
-    """
-    total = global_batch_size if global_batch_size is not None else batch_size * grad_accum_steps
-    if total % batch_size:
-        raise ValueError(f"global_batch_size ({total}) must be a multiple of batch_size ({batch_size})")
-    references = total // batch_size
-    for split in range(1, batch_size + 1):
-        if batch_size % split == 0 and (references * split) % world_size == 0:
-            return BatchLayout(batch_size, batch_size // split, references * split // world_size, split)
-    raise ValueError(
-        f"a global batch of {total} sequences cannot be shared evenly by {world_size} processes "
-        f"(in micro-batches dividing batch_size={batch_size}); use a number of processes that divides {total}"
-    )
 
 
 def wrap(

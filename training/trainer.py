@@ -15,6 +15,7 @@ from data.prepare import PreparedData, prepare
 from model import GPT
 from training import checkpoint as ckpt_io
 from training import distributed
+from training.batch_layout import batch_layout
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
@@ -48,7 +49,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: torch.device) -> dict[str, Any]:
     cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist_info)  # Hydra made one per rank
-    layout = distributed.batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, dist_info.world_size)
+    layout = batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, dist_info.world_size)
     accum = layout.accum_steps
     out_dir = Path(cfg.out_dir)
     checkpoints = CheckpointDir(out_dir / "checkpoints")
