@@ -120,6 +120,8 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
     quiet_unless_main(info)
     try:
         yield info, device
+        if created:  # a clean exit: no rank tears down while a peer still has a collective in flight
+            dist.barrier()
     finally:
         if created:
             dist.destroy_process_group()
