@@ -42,4 +42,5 @@ def failing_worker(rank: int, world_size: int, port: int, out: str) -> None:
                 result["timeout"] = "returned"
             except RuntimeError as e:
                 result["timeout"] = f"raised after {time.perf_counter() - start:.1f}s: {str(e).splitlines()[0]}"
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        raise SystemExit(0)  # leave as a failed run does: the group is broken, so no closing barrier
