@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from data.batches import sample_batch
 from scripts.sample import SampleConfig, sample
 from tests.conftest import compose_config
 from tests.distributed_worker import failing_worker, free_port
 from training import distributed
-from training.batch_layout import batch_layout
+from training.batch_layout import BatchLayout, batch_layout
 from training.checkpoint import load_checkpoint
 from training.config import to_train_config
 from training.distributed import DistInfo
@@ -36,16 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_batch_layout_deals_out_the_one_process_batches(batch_size, grad_accum_steps, world_size):
     tokens = np.arange(10_000, dtype=np.uint16)
-    kw = {"block_size": 16, "seed": 3, "step": 7}
+
+    def draw(layout: BatchLayout, micro: int, info: DistInfo) -> torch.Tensor:
+        micro_step, rows = layout.locate(micro, info)
+        return sample_batch(tokens, batch_size, 16, seed=3, step=7, micro_step=micro_step)[0][rows]
+
     single = batch_layout(batch_size, grad_accum_steps, None, 1)
-    expected = torch.cat([single.batch(tokens, micro=m, info=DistInfo(), **kw)[0] for m in range(grad_accum_steps)])
+    expected = torch.cat([draw(single, m, DistInfo()) for m in range(grad_accum_steps)])
 
     layout = batch_layout(batch_size, grad_accum_steps, None, world_size)
     parts = {}
     for rank in range(world_size):
         info = DistInfo(rank=rank, world_size=world_size)
         for micro in range(layout.accum_steps):
-            x, _ = layout.batch(tokens, micro=micro, info=info, **kw)
+            x = draw(layout, micro, info)
             assert x.shape == (layout.micro_batch, 16)
             parts[micro * world_size + rank] = x
     assert layout.micro_batch * layout.accum_steps * world_size == batch_size * grad_accum_steps

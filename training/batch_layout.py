@@ -7,11 +7,7 @@ produces the same losses (tests/test_distributed.py).
 """
 
 from dataclasses import dataclass
-from typing import Any
 
-from torch import Tensor
-
-from data.batches import sample_batch
 from training.distributed import DistInfo
 
 
@@ -25,21 +21,20 @@ class BatchLayout:
     micro-batches are too few to give every rank whole ones.
     """
 
-    batch_size: int  # sequences per reference micro-batch
     micro_batch: int  # sequences per forward on each rank
     accum_steps: int  # micro-steps per rank per optimizer step
     split: int  # parts each reference micro-batch is cut into
 
-    def batch(
-        self, tokens: Any, block_size: int, seed: int, step: int, micro: int, info: DistInfo
-    ) -> tuple[Tensor, Tensor]:
-        """This rank's (x, y) for micro-step `micro`: rows of the reference micro-batch it belongs to."""
+    def locate(self, micro: int, info: DistInfo) -> tuple[int, slice]:
+        """Where this rank's micro-step `micro` lies: the reference micro-batch to draw (its
+        `micro_step` for data.batches.sample_batch, with rank=0) and the rows of it to train on.
+
+        rank=0 on purpose: the global part index already tells ranks apart, and keeps the data
+        identical to a one-process run's.
+        """
         part = micro * info.world_size + info.rank
-        # rank=0 on purpose: the global part index already tells ranks apart, and keeps the data
-        # identical to a one-process run's.
-        x, y = sample_batch(tokens, self.batch_size, block_size, seed=seed, step=step, micro_step=part // self.split)
         lo = (part % self.split) * self.micro_batch
-        return x[lo : lo + self.micro_batch], y[lo : lo + self.micro_batch]
+        return part // self.split, slice(lo, lo + self.micro_batch)
 
 
 def batch_layout(batch_size: int, grad_accum_steps: int, global_batch_size: int | None, world_size: int) -> BatchLayout:
@@ -54,7 +49,7 @@ def batch_layout(batch_size: int, grad_accum_steps: int, global_batch_size: int 
     references = total // batch_size
     for split in range(1, batch_size + 1):
         if batch_size % split == 0 and (references * split) % world_size == 0:
-            return BatchLayout(batch_size, batch_size // split, references * split // world_size, split)
+            return BatchLayout(batch_size // split, references * split // world_size, split)
     raise ValueError(
         f"a global batch of {total} sequences cannot be shared evenly by {world_size} processes "
         f"(in micro-batches dividing batch_size={batch_size}); use a number of processes that divides {total}"

@@ -13,6 +13,7 @@ from data.config import DataConfig
 from model.gpt import GPTConfig
 from training.device import PRECISIONS
 from training.distributed import DistributedConfig
+from training.fairness import FairnessConfig
 from training.loggers import LoggerConfig
 from training.optim import OptimConfig
 
@@ -23,12 +24,13 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)  # what an ablation holds fixed
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool = False
-    batch_size: int = 32  # sequences per micro-batch (ranks may split it: distributed.BatchLayout)
+    batch_size: int = 32  # sequences per micro-batch (ranks may split it: training/batch_layout.py)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
     global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
     max_steps: int = 600
@@ -48,6 +50,7 @@ class TrainConfig:
         self.data.validate()
         self.optim.validate()
         self.logger.validate()
+        self.fairness.validate(self.model)
         self.distributed.validate()
         positive = {
             "batch_size": self.batch_size,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from data.batches import eval_batches
+from data.batches import eval_batches, sample_batch
 from data.prepare import PreparedData, prepare
 from model import GPT
 from training import checkpoint as ckpt_io
@@ -19,9 +19,11 @@ from training.batch_layout import batch_layout
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
+from training.fairness import measure_seconds_per_step, steps_for_flops, steps_for_time
 from training.loggers import MetricsLogger
 from training.optim import build_optimizer, lr_at
 from training.run_dir import CheckpointDir
+from training.run_info import write_run_info, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +78,53 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
     start_step, best_val, wandb_id = 0, math.inf, None
     if resume_path is not None:
         start_step, best_val, wandb_id = restore(resume_path, model, optimizer, data)
+    ctx = autocast(device, precision)
+    tokens_per_step = layout.micro_batch * accum * dist_info.world_size * cfg.model.block_size  # all ranks
+
+    def train_step(m: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tensor:
+        """One optimizer step over this rank's micro-batches; returns the summed loss."""
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            micro_step, rows = layout.locate(micro, dist_info)
+            x, y = sample_batch(
+                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro_step
+            )
+            x, y = x[rows], y[rows]
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with distributed.grad_sync(m, micro == accum - 1):  # all-reduce on the last micro-step only
+                with ctx:
+                    _, loss = m(x, y)
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), cfg.optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss_sum
+
+    # iso-FLOP / iso-time ablations derive max_steps from their budget (training/fairness.py).
+    if cfg.fairness.mode == "iso_flop":
+        cfg.max_steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
+    elif cfg.fairness.mode == "iso_time":
+        seconds = measure_seconds_per_step(
+            model,
+            lambda m: build_optimizer(m, cfg.optim, device.type),
+            train_step,
+            cfg.fairness.calibration_steps,
+            compile=cfg.compile,
+        )
+        cfg.max_steps = steps_for_time(cfg.fairness.time_budget_s, seconds)
+        log.info("iso_time: %.3f s/step -> max_steps %d", seconds, cfg.max_steps)
+    cfg.max_steps = distributed.broadcast_object(cfg.max_steps, dist_info)  # rank 0's timing decides for all
+
     train_model, optimizer = distributed.wrap(model, optimizer, new_optimizer, cfg.distributed, dist_info, device)
-    wrapped = train_model
     if cfg.compile:
         train_model = torch.compile(train_model)
-    ctx = autocast(device, precision)
 
     config_dict = asdict(cfg)
     logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=wandb_id) if dist_info.is_main else None
+    if dist_info.is_main:
+        write_run_info(out_dir, model, config_dict, tokens_per_step)
     log.info(
         "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s",
         model.num_params() / 1e6,
@@ -92,8 +133,9 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         precision,
     )
     val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
-    tokens_per_step = layout.micro_batch * accum * dist_info.world_size * cfg.model.block_size
     metrics: dict[str, Any] = {}
+    throughputs: list[float] = []
+    train_seconds = 0.0
 
     def evaluate_and_save(step: int) -> None:
         nonlocal best_val, metrics
@@ -133,19 +175,7 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         lr = lr_at(step, cfg.optim, cfg.max_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            x, y = layout.batch(data.train, cfg.model.block_size, cfg.seed, step, micro, dist_info)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with distributed.grad_sync(wrapped, micro == accum - 1):
-                with ctx:
-                    _, loss = train_model(x, y)
-                (loss / accum).backward()
-            loss_sum += loss.detach()
-        if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss_sum = train_step(train_model, optimizer, step)
 
         done = step + 1
         if done % cfg.log_interval == 0 or done == cfg.max_steps:
@@ -155,6 +185,8 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
             steps_done = cfg.log_interval if done % cfg.log_interval == 0 else done % cfg.log_interval
             tok_s = tokens_per_step * steps_done / elapsed
+            throughputs.append(tok_s)
+            train_seconds += elapsed
             if logger:
                 logger.log({"train/loss": train_loss, "lr": lr, "throughput/tokens_per_s": tok_s}, done)
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
@@ -162,6 +194,17 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
             evaluate_and_save(done)
             t0 = time.perf_counter()  # keep eval time out of throughput
     bar.close()
+    if dist_info.is_main:
+        write_summary(
+            out_dir,
+            metrics,
+            cfg.max_steps,
+            best_val,
+            throughputs,
+            train_seconds,
+            model.flops_per_token(),
+            tokens_per_step,
+        )
 
     if cfg.sample_tokens > 0:
         sampler, _ = distributed.gather_for_save(model, None, plain_model, new_optimizer, dist_info)
