@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import distributed
 from training.config import register_configs, to_train_config
+from training.signals import RunInterrupted
 from training.trainer import train
 
 log = logging.getLogger("train")
@@ -39,7 +40,11 @@ def main(cfg: DictConfig) -> float | None:
     log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg))
     try:
         metrics = train(to_train_config(cfg))
-    except (ValueError, FileNotFoundError, distributed.RankFailed) as e:
+    except RunInterrupted as e:
+        log.warning("%s", e)
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except (ValueError, OSError, FloatingPointError, distributed.RankFailed) as e:  # one line, no traceback
         log.error("%s", e)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the rest of the sweep

@@ -14,6 +14,7 @@ from model.gpt import GPTConfig
 from training.device import PRECISIONS
 from training.distributed import DistributedConfig
 from training.fairness import FairnessConfig
+from training.guards import NONFINITE_POLICIES
 from training.loggers import LoggerConfig
 from training.optim import OptimConfig
 
@@ -40,6 +41,8 @@ class TrainConfig:
     out_dir: str | None = None  # train.py sets it to Hydra's run directory
     resume: str | None = None  # null | auto | path to a checkpoint
     overwrite: bool = False  # allow a fresh run in a directory that holds another run's checkpoints
+    keep_last: int = 2  # step checkpoints kept (plus best.safetensors)
+    on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss or gradient does
     sample_tokens: int = 300  # printed after training; 0 skips
     sample_prompt: str = "\n"
     progress: bool = True
@@ -59,6 +62,7 @@ class TrainConfig:
             "eval_interval": self.eval_interval,
             "eval_batches": self.eval_batches,
             "log_interval": self.log_interval,
+            "keep_last": self.keep_last,
         }
         for name, value in positive.items():
             if value < 1:
@@ -78,6 +82,10 @@ class TrainConfig:
             raise ValueError(f"precision={self.precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
         if not self.out_dir:
             raise ValueError("out_dir is not set; give out_dir=PATH (train.py uses Hydra's run directory)")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"on_nonfinite={self.on_nonfinite!r} is unknown; choose one of: {', '.join(NONFINITE_POLICIES)}"
+            )
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} is invalid; it must be >= 0")
 
