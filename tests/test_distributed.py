@@ -5,8 +5,10 @@ rank instead of hanging."""
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +112,7 @@ def test_failures_end_every_rank_with_a_clear_error(tmp_path):
         assert p.exitcode == 0, f"worker exit code {p.exitcode}"
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank0["stop"] == rank1["stop"] == 15
     assert rank0["on_main"] == "OSError: no space left to write the checkpoint"
     assert rank1["on_main"] == (
         "RankFailed: rank 0 failed, so rank 1 stops too: OSError: no space left to write the checkpoint"
@@ -177,3 +180,37 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
     assert resumed.keys() == {3, 4}
     for step in resumed:
         assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrides, tmp_path):
+    # A constant learning rate, so that the schedule does not depend on max_steps.
+    flat_lr = ["optim.warmup_steps=0", "optim.lr=1e-3", "optim.min_lr=1e-3"]
+    base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + flat_lr
+    base += ["precision=fp32", "log_interval=1", "batch_size=8"]
+    run = [*base, "max_steps=100000", "eval_interval=100000", f"out_dir={tmp_path / 'two'}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
+    proc = subprocess.Popen([*cmd, *run], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "two" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 3"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM after step" in stderr.decode()
+    saved = sorted((tmp_path / "two" / "checkpoints").glob("step_*.safetensors"))
+    assert len(saved) == 1
+    stopped_at = load_checkpoint(saved[0]).meta["step"]
+    assert stopped_at == max(losses(tmp_path / "two"))  # every rank stopped after the same step, and it was saved
+
+    # One process continues the 2-process run exactly as an uninterrupted one-process run would.
+    resumed = [*base, f"max_steps={stopped_at + 2}", f"resume={saved[0]}", f"out_dir={tmp_path / 'resumed'}"]
+    train(to_train_config(compose_config(resumed)))
+    train(to_train_config(compose_config([*base, f"max_steps={stopped_at + 2}", f"out_dir={tmp_path / 'one'}"])))
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "resumed")
+    assert two.keys() == {stopped_at + 1, stopped_at + 2}
+    for step in two:
+        assert two[step] == pytest.approx(one[step], abs=1e-5), step
