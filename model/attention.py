@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.kv_cache import LayerCache
+
 BACKENDS = ("explicit", "sdpa")
 
 
@@ -123,10 +125,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split(self.n_head * self.d_k, dim=-1)
         return tuple(t.view(B, T, self.n_head, self.d_k).transpose(1, 2) for t in (q, k, v))
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """x: (B, T, d_model); padding_mask: optional (B, T) bool, True for real tokens."""
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+        """x: (B, T, d_model); padding_mask: optional (B, Tk) bool over every key, True for real tokens.
+
+        With a cache, this layer's new keys/values are stored in it and the queries attend over all
+        keys so far (Tk = cached + T); without one, Tk = T.
+        """
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x)  # (B, H, T, d_k)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H, Tk, d_k)
         y = self.attend(q, k, v, padding_mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
         return self.resid_dropout(self.out_proj(y))
@@ -135,11 +143,20 @@ class CausalSelfAttention(nn.Module):
         """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""
         Tq, Tk = q.shape[-2], k.shape[-2]
         dropout_p = self.dropout if self.training else 0.0
-        if self.backend == "sdpa" and padding_mask is None and Tq == Tk:
+        if padding_mask is None and Tq == 1:
+            mask = None  # one query at the last position sees every key: decoding needs no mask at all
+        elif padding_mask is None and Tq == Tk and self.backend == "sdpa":
             return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # flash-eligible
-        mask = build_aligned_causal_mask(Tq, Tk, q.device)
-        if padding_mask is not None:
-            mask = mask & padding_mask[:, None, None, :]  # (B, 1, Tq, Tk)
+        else:
+            mask = build_aligned_causal_mask(Tq, Tk, q.device)
+            if padding_mask is not None:
+                mask = mask & padding_mask[:, None, None, :]  # (B, 1, Tq, Tk)
+        if self.backend == "sdpa" and padding_mask is not None:
+            # A padding query may see no key at all, and some fused CUDA kernels return NaN for such a
+            # row (which would poison later layers even under a zero weight). As the explicit path
+            # does: let the row see every key, then zero its output.
+            has_visible = mask.any(dim=-1, keepdim=True)  # (B, 1, Tq, 1)
+            return fused_attention(q, k, v, mask | ~has_visible, dropout_p=dropout_p) * has_visible
         if self.backend == "sdpa":
             return fused_attention(q, k, v, mask, dropout_p=dropout_p)
         return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)

@@ -3,6 +3,7 @@
 from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention
+from model.kv_cache import LayerCache
 from model.mlp import MLP
 
 
@@ -23,6 +24,6 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d_model, bias=bias)
         self.mlp = MLP(d_model, d_ff, dropout, bias)
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), padding_mask)
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), padding_mask, cache)
         return x + self.mlp(self.ln_2(x))

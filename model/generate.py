@@ -1,29 +1,114 @@
-"""Autoregressive sampling from a GPT (uncached reference; see issue 3 for the KV cache)."""
+"""Autoregressive generation from a GPT: prefill the prompt once, then decode one token at a time.
+
+With `use_cache=True` the keys and values of every token are kept in a KVCache, so each new token
+costs one forward pass over one token; with `use_cache=False` every step recomputes the whole
+context (the reference the cache is tested against, token for token).
+
+Batches of prompts of different lengths are padded on the left (`pad_prompts`); positions count
+from each row's first real token, so every row gets exactly the tokens it would get alone.
+
+Past block_size: the model only ever conditions on the last `block_size` tokens, at positions
+0..block_size-1, as if that window were the whole text (nanoGPT's cropping). Both paths do the same:
+once the cache is full, each further step re-prefills the window of the last block_size tokens, so
+tokens beyond block_size cost as much as uncached decoding but are exactly the same tokens.
+"""
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from model.sampling import check_sampling_args, sample_next
+
+if TYPE_CHECKING:
+    from model.gpt import GPT
+
+
+def pad_prompts(
+    prompts: list[list[int]], pad_id: int = 0, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists to one (B, T) batch; returns (idx, padding_mask) with True = real token."""
+    if not prompts or not all(prompts):
+        raise ValueError("every prompt needs at least one token")
+    T = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    padding_mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        idx[row, T - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        padding_mask[row, T - len(prompt) :] = True
+    return idx.to(device), padding_mask.to(device)
 
 
 @torch.no_grad()
-def generate(
-    model: nn.Module,
+def stream(
+    model: "GPT",
     idx: Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
     generator: torch.Generator | None = None,
-) -> Tensor:
+    stop_token: int | None = None,
+    padding_mask: Tensor | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every row, (B,), for up to max_new_tokens steps.
+
+    Stops early once every row has produced `stop_token`; a row that stopped before the others
+    keeps yielding `stop_token`. The model should be in eval mode (dropout would differ per call).
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} is invalid; it must be >= 0")
+    B, T = idx.shape
     block_size = model.config.block_size
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -block_size:])
-        logits = logits[:, -1, :].float()
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-        idx = torch.cat([idx, next_id], dim=1)
-    return idx
+    # Every token so far, so a full cache can re-prefill from the last block_size of them.
+    tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
+    tokens[:, :T] = idx
+    real = None
+    if padding_mask is not None:
+        real = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=idx.device)
+        real[:, :T] = padding_mask
+    cache = model.new_cache(B, min(block_size, T + max_new_tokens)) if use_cache else None
+    done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    length = T
+    for step in range(max_new_tokens):
+        if cache is not None and step > 0 and cache.length < cache.max_length:
+            logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True)  # decode one token
+        else:  # (re-)prefill the window of the last block_size tokens
+            start = max(0, length - block_size)
+            window_mask = real[:, start:length] if real is not None else None
+            if cache is not None:
+                cache.reset()
+            logits, _ = model(tokens[:, start:length], padding_mask=window_mask, cache=cache, last_only=True)
+        next_id = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+        if stop_token is not None:
+            next_id = next_id.masked_fill(done, stop_token)
+            done |= next_id == stop_token
+        tokens[:, length] = next_id
+        length += 1
+        yield next_id
+        if stop_token is not None and bool(done.all()):
+            return
+
+
+def generate(
+    model: "GPT",
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    stop_token: int | None = None,
+    padding_mask: Tensor | None = None,
+) -> Tensor:
+    """The prompt (B, T) followed by the new tokens (B, n), n <= max_new_tokens (fewer after stop_token)."""
+    new = list(
+        stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask)
+    )
+    if not new:
+        return idx
+    return torch.cat([idx, torch.stack(new, dim=1)], dim=1)

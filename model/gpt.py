@@ -4,12 +4,13 @@ Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks,
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model import generate as generation
 from model.attention import BACKENDS
 from model.block import Block
+from model.kv_cache import KVCache, token_positions
 
 
 @dataclass
@@ -106,21 +107,51 @@ class GPT(nn.Module):
                 module.reset_parameters()
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, padding_mask: Tensor | None = None
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore)."""
+        """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore).
+
+        padding_mask: (B, T) bool, True for real tokens; pad on the left, so every row ends with a real
+        token. Positions count from each row's first real token. cache: a KVCache from new_cache();
+        idx then continues the cached tokens, whose keys/values are reused and extended. last_only:
+        logits for the last position only, (B, 1, vocab), which is all sampling needs.
+        """
         T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
-        positions = torch.arange(T, device=idx.device)
+        cached = cache.length if cache is not None else 0
+        if cached + T > self.config.block_size:
+            what = f"{cached} cached + {T} new tokens" if cache is not None else f"sequence length {T}"
+            raise ValueError(f"{what} exceeds the model's block_size {self.config.block_size}")
+        if cache is None:
+            positions = token_positions(T, padding_mask, device=idx.device)
+            layer_caches = [None] * len(self.blocks)
+        else:  # the cache owns positions and the padding of every cached slot
+            positions, padding_mask = cache.reserve(T, padding_mask)
+            layer_caches = cache.layers
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, d_model)
-        for block in self.blocks:
-            x = block(x, padding_mask)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
+            x = block(x, padding_mask, layer_cache)
+        if last_only:
+            assert targets is None, "last_only is for sampling; a loss needs every position"
+            x = x[:, -1:]
+        logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
+        """An empty KV cache for this model: batch_size rows of up to max_length (<= block_size) tokens."""
+        c = self.config
+        max_length = max_length or c.block_size
+        if not 1 <= max_length <= c.block_size:
+            raise ValueError(f"KV cache length {max_length} must be in [1, block_size={c.block_size}]")
+        weight = self.tok_emb.weight
+        return KVCache(c.n_layer, batch_size, c.n_head, max_length, c.head_dim, weight.device, weight.dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (the tied head counted once); optionally without the embedding tables."""
@@ -145,15 +176,6 @@ class GPT(nn.Module):
         forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
         return 3 * forward
 
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """The prompt (B, T) followed by max_new_tokens sampled tokens."""
-        from model.generate import generate
-
-        return generate(self, idx, max_new_tokens, temperature, top_k, generator)
+    # Sampling lives in model/generate.py (prefill + KV-cached decode); these make it model.generate(...).
+    generate = generation.generate
+    stream = generation.stream

@@ -48,3 +48,18 @@ def tiny_run_overrides(tmp_path: Path, tiny_corpus: list[str]) -> list[str]:
         f"out_dir={tmp_path / 'run'}",
         "progress=false",
     ]
+
+
+@pytest.fixture(scope="module")
+def shared_corpus_overrides(tmp_path_factory) -> list[str]:
+    """tiny_run_overrides without out_dir, built once per module: one corpus and one data cache
+    shared by its tests, each of which adds its own `out_dir=`."""
+    base = tmp_path_factory.mktemp("shared")
+    files = write_corpus(base / "corpus")
+    return [
+        "+debug=tiny",
+        "data.source=files",
+        f"data.files=[{','.join(files)}]",
+        f"data.cache_dir={base / 'cache'}",
+        "progress=false",
+    ]

@@ -17,25 +17,36 @@ def make_model(backend: str, n_head: int, d_k: int | None) -> GPT:
     return GPT(cfg).eval()
 
 
+def logits_through_cache(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """Every position's logits the way generation computes them: prefill 3 tokens, then one at a time."""
+    cache = model.new_cache(idx.shape[0], idx.shape[1])
+    pieces = [model(idx[:, :3], cache=cache)[0]]
+    pieces += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(3, idx.shape[1])]
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("through_cache", [False, True])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
 @pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k):
+def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k)
+    run = (lambda idx: logits_through_cache(model, idx)) if through_cache else (lambda idx: model(idx)[0])
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        base, _ = model(idx)
+        base = run(idx)
         for j in (1, T // 2, T - 1):
             changed = idx.clone()
             changed[:, j] = (changed[:, j] + 7) % VOCAB
-            logits, _ = model(changed)
+            logits = run(changed)
             assert (logits[:, :j] - base[:, :j]).abs().max().item() <= 1e-6, f"position < {j} saw token {j}"
             # ...and the change is visible from j on, so this test can fail.
             assert (logits[:, j:] - base[:, j:]).abs().max().item() > 1e-4
 
 
+@pytest.mark.parametrize("through_cache", [False, True])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
 @pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k):
+def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k)
     captured = {}
 
@@ -47,7 +58,7 @@ def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k):
     idx = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(2))
     for i in (0, 5, T - 2):
         model.zero_grad()
-        logits, _ = model(idx)
+        logits, _ = model(idx, cache=model.new_cache(1, T) if through_cache else None)
         logits[0, i].sum().backward()
         grad = captured["emb"].grad[0]  # (T, d_model)
         assert torch.count_nonzero(grad[i + 1 :]) == 0, f"output {i} has a gradient from a later input"

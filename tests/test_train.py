@@ -62,7 +62,7 @@ def test_a_second_fresh_run_refuses_to_overwrite(tiny_run_overrides, tmp_path):
         ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be > 0"),
         ("data.tokenizer=bpe", r"data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
         ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
-        ("model.block_size=100000", r"split has \d+ tokens; it needs more than model.block_size=100000"),
+        ("model.block_size=100000", r"the train split has \d+ tokens, fewer than one batch needs"),
         ("batch_size=0", r"batch_size=0 is invalid"),
         ("precision=fp8", r"precision='fp8' is unknown"),
     ],

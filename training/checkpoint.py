@@ -2,10 +2,14 @@
 
 A file holds the model weights (`model.*`), the optimizer state (`optim.*`), the RNG states
 (`rng.*`) and, in the header, the resolved config, tokenizer identity, step and the rest of the
-run state. It is written to a temporary file, fsynced and renamed, so a crash at any instant
-leaves the previous checkpoint whole.
+run state. A SHA-256 over the header and every tensor's bytes is stored beside them, so a
+truncated, bit-flipped or hand-edited file is refused (integrity, not authentication: anyone can
+recompute it). The file is written to a temporary file, fsynced and renamed, so a crash at any
+instant leaves the previous checkpoint whole.
 """
 
+import errno
+import hashlib
 import json
 import os
 import random
@@ -20,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 FORMAT = "attnlab-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: adds the sha256 digest
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and DDP
+# First bytes of the two formats torch.save writes; we name them rather than call them corrupt.
 
 
 @dataclass
@@ -33,17 +38,22 @@ class Checkpoint:
         return {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
 
 
+def strip_wrapper_prefixes(name: str) -> str:
+    """'_orig_mod.module.wte.weight' -> 'wte.weight'; only leading wrapper names are removed."""
+    while name.startswith(WRAPPER_PREFIXES):
+        name = name.split(".", 1)[1]
+    return name
+
+
 def clean_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """State dict without wrapper prefixes, each shared (tied) tensor stored once."""
     out: dict[str, Tensor] = {}
     seen: set[int] = set()
     for name, tensor in model.state_dict().items():
-        for prefix in WRAPPER_PREFIXES:
-            name = name.replace(prefix, "")
         if tensor.data_ptr() in seen:
             continue
         seen.add(tensor.data_ptr())
-        out[name] = tensor.detach().cpu().contiguous()
+        out[strip_wrapper_prefixes(name)] = tensor.detach().cpu().contiguous()
     return out
 
 
@@ -93,7 +103,22 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> Non
     for key, value in ckpt.section("optim.").items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": ckpt.meta["optim_param_groups"]})
+    # JSON turned tuples such as AdamW's betas into lists; `params` is the one real list.
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
+        for group in ckpt.meta["optim_param_groups"]
+    ]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def digest(header: str, tensors: dict[str, Tensor]) -> str:
+    """SHA-256 over the JSON header and each tensor's name, dtype, shape and raw bytes."""
+    h = hashlib.sha256(header.encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # bf16 has no numpy dtype
+    return h.hexdigest()
 
 
 def save_checkpoint(
@@ -112,8 +137,9 @@ def save_checkpoint(
         meta["optim_param_groups"] = param_groups
     rng_tensors, meta["rng"] = capture_rng_state()
     tensors.update(rng_tensors)
-    payload = safetensors.torch.save(tensors, metadata={"attnlab": json.dumps(meta)})
-    atomic_write_bytes(path, payload)
+    header = json.dumps(meta)
+    metadata = {"attnlab": header, "attnlab_sha256": digest(header, tensors)}
+    atomic_write_bytes(path, safetensors.torch.save(tensors, metadata=metadata))
     return path
 
 
@@ -127,6 +153,14 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OSError(
+                e.errno,
+                f"no space to write {path} ({len(payload) / 1e6:.1f} MB: {os.strerror(e.errno)}); "
+                "earlier checkpoints are intact; free space, then continue with resume=auto",
+            ) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -136,18 +170,42 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         os.close(dir_fd)
 
 
+def looks_like_pickle(head: bytes) -> bool:
+    """A pickle (protocol 2-5) or torch.save zip, told apart from a damaged safetensors file.
+
+    A safetensors file starts with an 8-byte header length, whose low byte may well be 0x80, and
+    then its JSON header's `{`; a pickle's opcodes put no `{` at offset 8 in practice.
+    """
+    if head.startswith(b"PK\x03\x04"):
+        return True
+    return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") and head[8:9] != b"{"
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint; refuse anything that is not a whole attnlab checkpoint."""
+    """Read a checkpoint; refuse anything that is not a whole, unmodified attnlab checkpoint.
+
+    Only safetensors parses the file: no pickle is ever loaded, so a crafted file runs nothing.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
-            header = (f.metadata() or {}).get("attnlab")
+            metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
-        meta = json.loads(header) if header else None
     except Exception as e:  # safetensors raises several types for truncated/corrupt files
-        raise ValueError(f"checkpoint {str(path)!r} is corrupt or not a safetensors file ({e})") from None
+        with open(path, "rb") as f:
+            if looks_like_pickle(f.read(9)):
+                raise ValueError(
+                    f"checkpoint {str(path)!r} is a pickle/torch.save file; only attnlab safetensors load"
+                ) from None
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"checkpoint {str(path)!r} is corrupt or not a safetensors file ({msg})") from None
+    header = metadata.get("attnlab")
+    try:
+        meta = json.loads(header) if header else None
+    except json.JSONDecodeError:
+        meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"checkpoint {str(path)!r} is not an attnlab checkpoint (no {FORMAT!r} header)")
     if meta.get("format_version") != FORMAT_VERSION:
@@ -155,13 +213,22 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"checkpoint {str(path)!r} has format version {meta.get('format_version')}; "
             f"this code reads version {FORMAT_VERSION}"
         )
+    if metadata.get("attnlab_sha256") != digest(header, tensors):
+        raise ValueError(f"checkpoint {str(path)!r} fails its sha256 check: it was modified or damaged after saving")
     return Checkpoint(meta=meta, tensors=tensors)
 
 
 def load_model_weights(model: nn.Module, ckpt: Checkpoint) -> None:
     """Load weights; only tied copies may be absent from the file."""
     target = unwrap(model)
-    missing, unexpected = target.load_state_dict(ckpt.section("model."), strict=False)
+    weights = ckpt.section("model.")
+    expected = target.state_dict()
+    for name, tensor in weights.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise ValueError(
+                f"checkpoint weight {name} has shape {tuple(tensor.shape)}; the model has {tuple(expected[name].shape)}"
+            )
+    missing, unexpected = target.load_state_dict(weights, strict=False)
     tied = {name for name, _ in target.named_parameters(remove_duplicate=False)} - {
         name for name, _ in target.named_parameters()
     }

@@ -12,6 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from data.config import DataConfig
 from model.gpt import GPTConfig
 from training.device import PRECISIONS
+from training.distributed import DistributedConfig
+from training.fairness import FairnessConfig
+from training.guards import NONFINITE_POLICIES
 from training.loggers import LoggerConfig
 from training.optim import OptimConfig
 
@@ -22,12 +25,15 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)  # what an ablation holds fixed
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool = False
-    batch_size: int = 32  # sequences per micro-batch
-    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    batch_size: int = 32  # sequences per micro-batch (ranks may split it: training/batch_layout.py)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
+    global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
     max_steps: int = 600
     eval_interval: int = 100
     eval_batches: int = 10
@@ -35,6 +41,8 @@ class TrainConfig:
     out_dir: str | None = None  # train.py sets it to Hydra's run directory
     resume: str | None = None  # null | auto | path to a checkpoint
     overwrite: bool = False  # allow a fresh run in a directory that holds another run's checkpoints
+    keep_last: int = 2  # step checkpoints kept (plus best.safetensors)
+    on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss or gradient does
     sample_tokens: int = 300  # printed after training; 0 skips
     sample_prompt: str = "\n"
     progress: bool = True
@@ -45,6 +53,8 @@ class TrainConfig:
         self.data.validate()
         self.optim.validate()
         self.logger.validate()
+        self.fairness.validate(self.model)
+        self.distributed.validate()
         positive = {
             "batch_size": self.batch_size,
             "grad_accum_steps": self.grad_accum_steps,
@@ -52,14 +62,30 @@ class TrainConfig:
             "eval_interval": self.eval_interval,
             "eval_batches": self.eval_batches,
             "log_interval": self.log_interval,
+            "keep_last": self.keep_last,
         }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name}={value} is invalid; it must be >= 1")
+        if self.global_batch_size is not None:
+            if self.grad_accum_steps != 1:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} and grad_accum_steps={self.grad_accum_steps} "
+                    "are both set; give one (accumulation is derived from global_batch_size)"
+                )
+            if self.global_batch_size < 1 or self.global_batch_size % self.batch_size:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} is invalid; "
+                    f"it must be a positive multiple of batch_size ({self.batch_size})"
+                )
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
         if not self.out_dir:
             raise ValueError("out_dir is not set; give out_dir=PATH (train.py uses Hydra's run directory)")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"on_nonfinite={self.on_nonfinite!r} is unknown; choose one of: {', '.join(NONFINITE_POLICIES)}"
+            )
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} is invalid; it must be >= 0")
 

@@ -1,0 +1,1 @@
+"""Tools that read finished runs: sweep tables and plots, attention maps."""

@@ -1,0 +1,42 @@
+"""Attention weights of a trained GPT for one sequence, from the explicit equation.
+
+The blocks are walked here (as tests/test_causality.py does) rather than hooked inside model/, so
+each layer's weights are softmax(QK^T / sqrt(d_k) + mask) computed from that layer's real input,
+whatever backend the model trains with. The walk also returns the logits, which must equal the
+model's own forward: that is what proves the walk is the model.
+"""
+
+import torch
+from torch import Tensor
+
+from model import GPT
+from model.attention import attention_weights, build_causal_mask
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """idx (T,) token ids -> weights (n_layer, n_head, T, T) and logits (T, vocab), in fp32, eval mode."""
+    if idx.ndim != 1:
+        raise ValueError(f"expected one sequence of token ids (T,), got shape {tuple(idx.shape)}")
+    T = idx.shape[0]
+    if not 1 <= T <= model.config.block_size:
+        raise ValueError(f"the sequence has {T} tokens; it needs 1 to block_size={model.config.block_size}")
+    was_training = model.training
+    model.eval()
+    idx = idx[None].to(model.tok_emb.weight.device)  # (1, T)
+    positions = torch.arange(T, device=idx.device)
+    x = model.drop(model.tok_emb(idx) + model.pos_emb(positions))  # (1, T, d_model)
+    mask = build_causal_mask(T, idx.device)
+    maps = []
+    for block in model.blocks:
+        q, k, _ = block.attn.project_qkv(block.ln_1(x))  # (1, H, T, d_k)
+        maps.append(attention_weights(q, k, mask)[0])  # (H, T, T)
+        x = block(x)
+    logits = model.lm_head(model.ln_f(x))[0]  # (T, vocab)
+    model.train(was_training)
+    return torch.stack(maps), logits
+
+
+def token_label(text: str) -> str:
+    """A token's text made visible on an axis: spaces, newlines and tabs drawn as symbols."""
+    return text.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t") or "∅"

@@ -1,0 +1,93 @@
+"""Attention-weight heatmaps of a checkpoint for a prompt: one panel per layer (rows) and head (columns).
+
+    python scripts/attention_map.py outputs/.../checkpoints/best.safetensors --prompt "ROMEO: But soft" \
+        --out attention.png
+
+Row i of a panel is query token i's softmax over the keys it sees (columns), from the explicit
+attention equation; above the diagonal is masked (zero).
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from analysis.attention import attention_maps, token_label
+from data.tokenizer import tokenizer_from_meta
+from training.checkpoint import load_model
+
+log = logging.getLogger("attention_map")
+
+
+def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str = "") -> Path:
+    """maps (n_layer, n_head, T, T) -> a PNG grid with the token labels on both axes."""
+    L, H, T, _ = maps.shape
+    panel = min(max(2.2, 0.16 * T + 0.8), 8.0)
+    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.0, panel * L + 0.6), squeeze=False, layout="constrained")
+    every = max(1, T // 48)  # thin the labels of long prompts so they stay readable
+    ticks = list(range(0, T, every))
+    fontsize = max(4, min(8, int(300 / max(T, 1))))
+    for layer in range(L):
+        for head in range(H):
+            ax = axes[layer][head]
+            image = ax.imshow(maps[layer, head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+            ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=90, fontsize=fontsize)
+            ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=fontsize)
+            if layer == L - 1:
+                ax.set_xlabel("key", fontsize=8)
+            if head == 0:
+                ax.set_ylabel("query", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_attention_map(checkpoint: Path, prompt: str, out: Path, cache_dir: str = "", device: str = "cpu") -> Path:
+    model, ckpt = load_model(checkpoint, device)
+    tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cache_dir)
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty; give --prompt with at least one token")
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        log.warning("prompt has %d tokens; keeping the last block_size=%d", len(ids), block_size)
+        ids = ids[-block_size:]
+    maps, _ = attention_maps(model, torch.tensor(ids))
+    labels = [token_label(tokenizer.decode([i])) for i in ids]
+    c = model.config
+    shape = f"n_layer={c.n_layer}, n_head={c.n_head}, d_k={c.head_dim}"
+    title = f"{checkpoint.name} (step {ckpt.meta.get('step')}): {shape}, prompt {prompt!r}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return plot_attention(maps, labels, out, title)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a .safetensors checkpoint written by train.py")
+    parser.add_argument("--prompt", default="ROMEO: But soft, what light", help="text to attend over")
+    parser.add_argument("--out", type=Path, default=Path("attention.png"), help="PNG to write")
+    parser.add_argument("--cache-dir", default="", help="data cache (for the gpt2 tokenizer's ranks file)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    log.info("wrote %s", path)
+
+
+if __name__ == "__main__":
+    main()

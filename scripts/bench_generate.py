@@ -1,0 +1,134 @@
+"""Benchmark generation: KV-cached vs uncached decoding, per-token latency, and HF GPT-2 for comparison.
+
+    python -m scripts.bench_generate                 # default model (configs/model/small.yaml), vocab 65
+    python -m scripts.bench_generate --vocab 50257   # GPT-2's vocabulary: the LM head dominates
+    python -m scripts.bench_generate --quick         # 128 / 512 new tokens only, for a fast check
+    python -m scripts.bench_generate --threads 1     # one thread: batch-1 decoding is latency-bound, and
+                                                     # a second thread only helps on an otherwise idle CPU
+
+Model: 4 layers, d_model 256, 4 heads of d_k 64 (configs/model/small.yaml) but block_size 2048, so
+that 64 prompt + 1024 new tokens never reach the sliding window. Random weights, fp32, batch 1,
+greedy decoding (temperature 0) everywhere, so every path does the same work per token.
+tokens/s = new tokens / median wall time of whole `generate` calls (prefill of the 64-token prompt
+included); latency = median of 32 single decode steps with the cache holding `position` tokens.
+HF rows (only when `transformers` is installed): GPT2LMHeadModel of the same shape, randomly
+initialised, `generate(do_sample=False, use_cache=True)`.
+"""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from model import GPT, GPTConfig
+
+PROMPT = 64
+BLOCK_SIZE = 2048
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_model(vocab: int) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=vocab, block_size=BLOCK_SIZE, n_layer=4, n_head=4, d_model=256)
+    return GPT(cfg).eval()
+
+
+def make_hf_model(vocab: int):
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=vocab, n_positions=BLOCK_SIZE, n_embd=256, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@torch.no_grad()
+def decode_latency(model: GPT, position: int, steps: int = 32) -> float:
+    """Median seconds of one cached decode step when the cache already holds `position` tokens."""
+    cache = model.new_cache(1, position + steps)
+    idx = torch.randint(0, model.config.vocab_size, (1, position + steps))
+    model(idx[:, :position], cache=cache, last_only=True)
+    times = []
+    for t in range(position, position + steps):
+        start = time.perf_counter()
+        model(idx[:, t : t + 1], cache=cache, last_only=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def uncached_latency(model: GPT, position: int, repeats: int = 5) -> float:
+    idx = torch.randint(0, model.config.vocab_size, (1, position + 1))
+    return median_seconds(lambda: model(idx, last_only=True), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab", type=int, default=65, help="vocabulary size (65: Shakespeare chars; 50257: GPT-2)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cached measurement (median)")
+    parser.add_argument("--quick", action="store_true", help="skip the 1024-token rows")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model, hf = make_model(args.vocab), make_hf_model(args.vocab)
+    print(
+        f"model: 4 layers, d_model 256, 4 heads, block_size {BLOCK_SIZE}, vocab {args.vocab}, "
+        f"{model.num_params() / 1e6:.1f}M params, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
+    prompt = torch.randint(0, args.vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    model.generate(prompt, 16, temperature=0)  # warm-up
+    if hf is not None:
+        hf.generate(prompt, max_new_tokens=16, do_sample=False, pad_token_id=0)
+
+    lengths = (128, 512) if args.quick else (128, 512, 1024)
+    header = f"{'new tokens':>10} | {'cached tok/s':>12} | {'uncached tok/s':>14} | {'speed-up':>8}"
+    header += f" | {'HF GPT2 cached tok/s':>20} | {'ours / HF':>9}" if hf is not None else ""
+    print("\n" + header + "\n" + "-" * len(header))
+    for n in lengths:
+        runs = {"ours": lambda n=n: model.generate(prompt, n, temperature=0, use_cache=True)}
+        if hf is not None:
+            runs["hf"] = lambda n=n: hf.generate(
+                prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, pad_token_id=0
+            )
+        # Interleaved (ours, HF, ours, HF, ...): a load spike on a shared machine hits both alike.
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, run in runs.items():
+                times[name].append(median_seconds(run, 1))
+        cached = statistics.median(times["ours"])
+        # Uncached runs are long and steady; one run each keeps the benchmark to a few minutes.
+        uncached = median_seconds(lambda n=n: model.generate(prompt, n, temperature=0, use_cache=False), 1)
+        row = f"{n:>10} | {n / cached:>12.1f} | {n / uncached:>14.1f} | {uncached / cached:>7.1f}x"
+        if hf is not None:
+            hf_s = statistics.median(times["hf"])
+            row += f" | {n / hf_s:>20.1f} | {hf_s / cached:>8.2f}x"
+        print(row)
+
+    positions = (64, 512) if args.quick else (64, 1024)
+    print(f"\n{'position':>10} | {'cached ms/token':>15} | {'uncached ms/token':>17}")
+    print("-" * 49)
+    latencies = {}
+    for p in positions:
+        latencies[p] = decode_latency(model, p)
+        print(f"{p:>10} | {latencies[p] * 1e3:>15.2f} | {uncached_latency(model, p) * 1e3:>17.2f}")
+    first, last = positions
+    print(f"\ncached latency at position {last} / at {first}: {latencies[last] / latencies[first]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

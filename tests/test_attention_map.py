@@ -1,0 +1,107 @@
+"""Attention maps: real softmax rows of the model itself, causal, one per layer and head; the script's PNG."""
+
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.attention import attention_maps, token_label
+from data.tokenizer import CharTokenizer
+from model import GPT, GPTConfig
+from scripts.attention_map import write_attention_map
+from training.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, T = 40, 12
+# (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
+HEAD_GRID = [(1, None), (4, None), (3, 10), (2, 5)]
+
+
+def make_model(backend: str, n_head: int, d_k: int | None, n_layer: int = 3) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB, block_size=16, n_layer=n_layer, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend
+    )
+    return GPT(cfg).eval()
+
+
+def random_ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (T,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
+def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, d_k):
+    maps, _ = attention_maps(make_model(backend, n_head, d_k), random_ids())
+    assert maps.shape == (3, n_head, T, T)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(3, n_head, T))
+    above = torch.ones(T, T, dtype=torch.bool).triu(1)
+    assert (maps[..., above] == 0).all()
+    assert (maps[..., ~above] > 0).all()  # every visible key gets some weight from a softmax
+    assert maps[:, :, 0, 0].eq(1).all()  # the first token can only attend to itself
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_the_walk_through_the_blocks_is_the_model(backend):
+    model = make_model(backend, 3, 10)
+    idx = random_ids(1)
+    _, logits = attention_maps(model, idx)
+    expected, _ = model(idx[None])
+    torch.testing.assert_close(logits, expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_maps_differ_between_heads_and_layers_and_see_no_future():
+    model = make_model("explicit", 4, None)
+    idx = random_ids(2)
+    maps, _ = attention_maps(model, idx)
+    assert not torch.allclose(maps[0, 0], maps[0, 1]) and not torch.allclose(maps[0, 0], maps[1, 0])
+    changed = idx.clone()
+    changed[7] = (changed[7] + 1) % VOCAB
+    changed_maps, _ = attention_maps(model, changed)
+    torch.testing.assert_close(changed_maps[:, :, :7], maps[:, :, :7], atol=0, rtol=0)  # rows before 7 unchanged
+    assert not torch.allclose(changed_maps[:, :, 7:], maps[:, :, 7:])
+
+
+def test_bad_sequences_are_refused():
+    model = make_model("sdpa", 2, None)
+    with pytest.raises(ValueError, match=r"the sequence has 17 tokens; it needs 1 to block_size=16"):
+        attention_maps(model, torch.zeros(17, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"expected one sequence of token ids \(T,\), got shape \(1, 4\)"):
+        attention_maps(model, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_token_labels_make_whitespace_visible():
+    assert [token_label(t) for t in ("a", " ", "\n", "\t", "")] == ["a", "␣", "\\n", "\\t", "∅"]
+
+
+def char_checkpoint(tmp_path: Path, n_layer: int = 2, n_head: int = 3) -> Path:
+    tokenizer = CharTokenizer("".join(sorted(set("the king is not my lord, sweet love\n"))))
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=n_layer, n_head=n_head, d_model=24, d_k=5)
+    torch.manual_seed(0)
+    meta = {"step": 7, "config": {"model": asdict(cfg)}, "tokenizer": tokenizer.to_meta()}
+    return save_checkpoint(tmp_path / "ckpt.safetensors", GPT(cfg), None, meta)
+
+
+def test_script_writes_a_png_grid_for_a_checkpoint(tmp_path):
+    ckpt = char_checkpoint(tmp_path)
+    small = write_attention_map(ckpt, "the king", tmp_path / "small.png")
+    # a prompt longer than block_size keeps its last 16 characters
+    large = write_attention_map(ckpt, "the king is not my lord, sweet love", tmp_path / "large.png")
+    for png in (small, large):
+        assert png.read_bytes().startswith(b"\x89PNG")
+    assert large.stat().st_size > small.stat().st_size
+
+
+@pytest.mark.slow
+def test_script_cli_reports_an_unknown_character(tmp_path):
+    ckpt = char_checkpoint(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "x.png"
+    cmd = [sys.executable, "scripts/attention_map.py", str(ckpt), "--prompt", "the QUEEN", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and not out.exists()
+    assert done.stderr.strip().splitlines()[-1].startswith("error: characters 'E', 'N', 'Q', 'U' are not in the char")

@@ -1,0 +1,240 @@
+"""Checkpoint files: round trip of every piece of state, wrapper prefixes, refusing damaged,
+foreign and pickle files (without running them), atomic saves that fail halfway, rotation."""
+
+import errno
+import io
+import json
+import pickle
+import random
+import resource
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+from torch import nn
+
+import training.checkpoint
+from model import GPT, GPTConfig
+from training.checkpoint import (
+    load_checkpoint,
+    load_model_weights,
+    looks_like_pickle,
+    restore_optimizer,
+    restore_rng_state,
+    save_checkpoint,
+)
+from training.optim import OptimConfig, build_optimizer
+from training.run_dir import CheckpointDir
+
+CONFIG = GPTConfig(vocab_size=17, block_size=8, n_layer=1, n_head=2, d_model=16)
+
+
+def trained_pair(seed: int = 0) -> tuple[GPT, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = GPT(CONFIG)
+    optimizer = build_optimizer(model, OptimConfig(), "cpu")
+    x = torch.randint(0, 17, (2, 8))
+    model(x, x)[1].backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    model, optimizer = trained_pair()
+    return save_checkpoint(tmp_path / "ckpt.safetensors", model, optimizer, {"step": 7})
+
+
+def test_round_trip_restores_weights_and_optimizer(saved):
+    model, optimizer = trained_pair()
+    fresh, fresh_optimizer = trained_pair(seed=1)
+    ckpt = load_checkpoint(saved)
+    load_model_weights(fresh, ckpt)
+    restore_optimizer(fresh_optimizer, ckpt)
+    for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True):
+        assert a.equal(b)
+    assert len(fresh_optimizer.state) == len(optimizer.state) > 0
+    for a, b in zip(fresh_optimizer.state.values(), optimizer.state.values(), strict=True):
+        assert a.keys() == b.keys() and all(torch.as_tensor(a[k]).equal(torch.as_tensor(b[k])) for k in a)
+    assert fresh_optimizer.param_groups[0]["betas"] == optimizer.param_groups[0]["betas"]
+    assert ckpt.meta["step"] == 7
+
+
+def test_rng_streams_continue_exactly(tmp_path):
+    model, optimizer = trained_pair()
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, optimizer, {"step": 1})
+    expected = (torch.rand(3), np.random.rand(3).tolist(), random.random())
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    restore_rng_state(load_checkpoint(path))
+    assert torch.rand(3).equal(expected[0])
+    assert np.random.rand(3).tolist() == expected[1]
+    assert random.random() == expected[2]
+
+
+class FakeDDP(nn.Module):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
+def test_compile_and_ddp_prefixes_are_stripped_at_save(tmp_path):
+    model, optimizer = trained_pair()
+    wrapped = torch.compile(FakeDDP(model))  # not run, so nothing compiles
+    assert next(iter(wrapped.state_dict())).startswith("_orig_mod.module.")
+    path = save_checkpoint(tmp_path / "c.safetensors", wrapped, optimizer, {"step": 1})
+    names = set(load_checkpoint(path).section("model."))
+    assert names and not any(n.startswith(("_orig_mod", "module")) for n in names)
+    plain = GPT(CONFIG)
+    load_model_weights(plain, load_checkpoint(path))
+    assert plain.lm_head.weight.equal(model.lm_head.weight)
+    assert plain.lm_head.weight is plain.tok_emb.weight  # still tied after loading
+
+
+def damaged(path: Path, how: str) -> Path:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "bit-flipped":
+        data[-20] ^= 0x01  # inside the last tensor's bytes
+    elif how == "garbage":
+        data = bytearray(b"\x13\x37" * 500)
+    elif how == "empty":
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("truncated", "is corrupt or not a safetensors file"),
+        ("bit-flipped", "fails its sha256 check: it was modified or damaged after saving"),
+        ("garbage", "is corrupt or not a safetensors file"),
+        ("empty", "is corrupt or not a safetensors file"),
+    ],
+)
+def test_damaged_files_are_refused_in_one_line(saved, how, message):
+    with pytest.raises(ValueError, match=message) as info:
+        load_checkpoint(damaged(saved, how))
+    assert "\n" not in str(info.value)
+
+
+def test_edited_header_is_refused(saved):
+    with open(saved, "rb") as f:
+        blob = f.read()
+    tensors = safetensors.torch.load(blob)
+    metadata = safetensors.safe_open(str(saved), "pt").metadata()
+    meta = json.loads(metadata["attnlab"])
+    meta["step"] = 10_000  # e.g. a hand edit to skip ahead
+    metadata["attnlab"] = json.dumps(meta)
+    safetensors.torch.save_file(tensors, str(saved), metadata=metadata)
+    with pytest.raises(ValueError, match="fails its sha256 check"):
+        load_checkpoint(saved)
+
+
+def test_foreign_safetensors_file_is_refused(tmp_path):
+    path = tmp_path / "foreign.safetensors"
+    safetensors.torch.save_file({"wte.weight": torch.zeros(2, 2)}, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="is not an attnlab checkpoint"):
+        load_checkpoint(path)
+
+
+def test_header_length_starting_like_a_pickle_still_loads(tmp_path):
+    """safetensors begins with its header length; 0x80 as its low byte is not a pickle."""
+    model, optimizer = trained_pair()
+    for pad in range(300):  # the header grows with the padding until its length's low byte is 0x80
+        path = save_checkpoint(tmp_path / "c.safetensors", model, optimizer, {"step": 1, "pad": "x" * pad})
+        if path.read_bytes()[:1] == b"\x80":
+            break
+    assert path.read_bytes()[:1] == b"\x80"
+    assert load_checkpoint(path).meta["pad"] == "x" * pad
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nope.safetensors' does not exist"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+
+
+class Payload:
+    """Unpickling this calls Path.touch(marker): proof that a pickle ran, if it ever does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path, writer):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.safetensors"
+    if writer == "pickle":
+        path.write_bytes(pickle.dumps({"model": Payload(marker)}))
+    else:
+        buffer = io.BytesIO()
+        torch.save({"model": Payload(marker)}, buffer)
+        path.write_bytes(buffer.getvalue())
+    pickle.loads(pickle.dumps(Payload(tmp_path / "control")))  # the payload does work when unpickled
+    assert (tmp_path / "control").exists()
+    with pytest.raises(ValueError, match=r"is a pickle/torch\.save file; only attnlab safetensors load"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_save_failing_halfway_keeps_the_previous_checkpoint(saved, tmp_path):
+    """A real partial write: the file-size limit makes write() fail after half the bytes."""
+    before = saved.read_bytes()
+    model, optimizer = trained_pair(seed=5)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us at the limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))
+    try:
+        with pytest.raises(OSError, match=r"no space to write .*ckpt.safetensors .*earlier checkpoints are intact"):
+            save_checkpoint(saved, model, optimizer, {"step": 8})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert saved.read_bytes() == before
+    assert load_checkpoint(saved).meta["step"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]  # no temp file left
+
+
+def test_disk_full_is_one_line_and_keeps_the_previous_checkpoint(saved, monkeypatch):
+    real_open = open
+
+    class FullDisk(io.FileIO):
+        def write(self, data) -> int:
+            super().write(bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(training.checkpoint, "open", lambda p, mode: FullDisk(p, "wb"), raising=False)
+    model, optimizer = trained_pair(seed=5)
+    with pytest.raises(OSError, match=r"no space to write .* \(\d+\.\d MB: No space left on device\)") as info:
+        save_checkpoint(saved, model, optimizer, {"step": 8})
+    assert "\n" not in str(info.value)
+    monkeypatch.setattr(training.checkpoint, "open", real_open, raising=False)
+    assert load_checkpoint(saved).meta["step"] == 7
+
+
+def test_keep_last_and_best_are_kept(tmp_path):
+    model, optimizer = trained_pair()
+    checkpoints = CheckpointDir(tmp_path, keep_last=2)
+    for step, is_best in [(10, True), (20, False), (30, True), (40, False)]:
+        checkpoints.save(model, optimizer, {"step": step}, step, is_best)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["best.safetensors", "step_0000030.safetensors", "step_0000040.safetensors"]
+    assert load_checkpoint(tmp_path / "best.safetensors").meta["step"] == 30
+
+
+def test_safetensors_header_length_ending_in_0x80_is_not_taken_for_a_pickle():
+    # 8-byte little-endian header length 0x5880, then the JSON header: a damaged safetensors file.
+    assert not looks_like_pickle(b"\x80\x58\x00\x00\x00\x00\x00\x00{")
+    assert not looks_like_pickle(b"\x80\x02\x00\x00\x00\x00\x00\x00{")
+    assert looks_like_pickle(pickle.dumps({"a": 1}, protocol=4)[:9])
+    assert looks_like_pickle(pickle.dumps([1, 2], protocol=2)[:9])
+    assert looks_like_pickle(b"PK\x03\x04rest")

@@ -1,0 +1,214 @@
+"""Every bad input is refused with one line naming the value and what is allowed, and leaves the
+run directory as it was: config values, data, checkpoints that do not fit, another run's
+directory, a full disk, and non-finite steps."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import training.checkpoint
+from model.gpt import GPT
+from tests.conftest import compose_config
+from training.checkpoint import load_checkpoint, load_model, save_checkpoint
+from training.config import to_train_config
+from training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_train(overrides: list[str]) -> dict:
+    return train(to_train_config(compose_config(overrides)))
+
+
+def one_line(excinfo: pytest.ExceptionInfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def finished(shared_corpus_overrides, tmp_path_factory) -> Path:
+    """A finished 10-step run's checkpoint directory (steps 5 and 10)."""
+    out_dir = tmp_path_factory.mktemp("finished")
+    run_train([*shared_corpus_overrides, "max_steps=10", "eval_interval=5", f"out_dir={out_dir}"])
+    return out_dir / "checkpoints"
+
+
+@pytest.fixture
+def run(shared_corpus_overrides, tmp_path) -> list[str]:
+    return [*shared_corpus_overrides, "max_steps=10", "eval_interval=5", f"out_dir={tmp_path / 'run'}"]
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.d_model=-4", r"model.d_model=-4 is invalid; it must be >= 1"),
+        ("model.dropout=-0.1", r"model.dropout=-0.1 is invalid; it must be in \[0, 1\)"),
+        ("optim.lr=-1", r"optim.lr=-1.0 is invalid; it must be > 0"),
+        ("max_steps=0", r"max_steps=0 is invalid; it must be >= 1"),
+        ("grad_accum_steps=0", r"grad_accum_steps=0 is invalid; it must be >= 1"),
+        ("keep_last=0", r"keep_last=0 is invalid; it must be >= 1"),
+        ("on_nonfinite=ignore", r"on_nonfinite='ignore' is unknown; choose one of: stop, skip"),
+        ("data.source=web", r"data.source='web' is unknown; choose one of: shakespeare, hub, files"),
+    ],
+)
+def test_bad_config_values(run, tmp_path, override, message):
+    with pytest.raises(ValueError, match=message) as info:
+        run_train([*run, override])
+    one_line(info)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_file(run, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data.files entry '.*nowhere.txt' is not a file"):
+        run_train([*run, f"data.files=[{tmp_path / 'nowhere.txt'}]"])
+
+
+def test_empty_data(run, tmp_path):
+    for i in range(2):
+        (tmp_path / f"empty{i}.txt").write_text("")
+    with pytest.raises(ValueError, match=r"all 2 files named by data\.files are empty"):
+        run_train([*run, f"data.files=[{tmp_path / 'empty0.txt'},{tmp_path / 'empty1.txt'}]"])
+
+
+def test_corpus_smaller_than_one_batch(run, tmp_path):
+    files = []
+    for i in range(3):
+        files.append(tmp_path / f"small{i}.txt")
+        files[-1].write_text("to be or not to be\n" * 10)  # ~190 tokens a split; a batch needs 8 x 32 + 1
+    with pytest.raises(ValueError, match=r"the \w+ split has \d+ tokens, fewer than one batch needs \(batch_size=8"):
+        run_train([*run, f"data.files=[{','.join(map(str, files))}]"])
+
+
+def test_token_ids_outside_the_vocabulary(tiny_run_overrides, tmp_path):
+    run_train([*tiny_run_overrides, "max_steps=1", "sample_tokens=0"])
+    (prepared,) = (tmp_path / "cache" / "prepared").iterdir()  # now damage the cached tokens
+    tokens = np.memmap(prepared / "train.bin", dtype=np.uint16, mode="r+")
+    tokens[100] = 500
+    tokens.flush()
+    with pytest.raises(ValueError, match=r"the train split holds token id 500, outside the vocabulary \[0, \d+\)"):
+        run_train([*tiny_run_overrides, "max_steps=2", "resume=auto"])
+
+
+def corpus_with_other_characters(tmp_path: Path) -> str:
+    for i in range(3):
+        (tmp_path / f"other{i}.txt").write_text("".join(chr(65 + (j * 7 + i) % 50) for j in range(3000)))
+    return f"data.files=[{','.join(str(tmp_path / f'other{i}.txt') for i in range(3))}]"
+
+
+def test_checkpoint_with_another_tokenizer(run, tmp_path, finished):
+    with pytest.raises(ValueError, match=r"tokenizer char \(\d+ characters\), which does not match .*char \(50 char"):
+        run_train([*run, corpus_with_other_characters(tmp_path), f"resume={finished / 'step_0000010.safetensors'}"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_checkpoint_with_another_vocab_size(run, tmp_path, finished):
+    with pytest.raises(ValueError, match=r"has model.vocab_size=\d+ but this run has model.vocab_size=64"):
+        run_train([*run, "model.vocab_size=64", f"resume={finished / 'step_0000010.safetensors'}"])
+
+
+def test_checkpoint_with_another_architecture(run, finished):
+    with pytest.raises(ValueError, match=r"has model.n_layer=2 but this run has model.n_layer=3; resume with the"):
+        run_train([*run, "model.n_layer=3", f"resume={finished / 'step_0000010.safetensors'}"])
+
+
+def test_weights_only_checkpoint_cannot_be_resumed(run, tmp_path, finished):
+    model, ckpt = load_model(finished / "step_0000010.safetensors")
+    path = save_checkpoint(tmp_path / "weights.safetensors", model, None, {"config": ckpt.meta["config"]})
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        run_train([*run, f"resume={path}"])
+
+
+def test_resume_path_that_does_not_exist(run, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"resume='.*gone.safetensors' is not a file; give resume=auto"):
+        run_train([*run, f"resume={tmp_path / 'gone.safetensors'}"])
+
+
+def test_resume_auto_skips_a_damaged_newest_and_refuses_when_none_is_valid(run, tmp_path, finished):
+    shutil.copytree(finished, tmp_path / "run" / "checkpoints")
+    newest = tmp_path / "run" / "checkpoints" / "step_0000010.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    run_train([*run, "max_steps=12", "resume=auto"])  # continues from step 5
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000012.safetensors").meta["step"] == 12
+    for path in (tmp_path / "run" / "checkpoints").glob("step_*"):
+        path.write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match=r"resume=auto found no valid checkpoint in .*; pass overwrite=true"):
+        run_train([*run, "max_steps=14", "resume=auto"])
+
+
+def test_foreign_checkpoint_into_a_directory_of_another_run(run, tmp_path, finished):
+    shutil.copytree(finished, tmp_path / "run" / "checkpoints")
+    with pytest.raises(ValueError, match=r"holds checkpoints that other.safetensors does not continue"):
+        run_train(
+            [*run, f"resume={shutil.copy(finished / 'step_0000005.safetensors', tmp_path / 'other.safetensors')}"]
+        )
+
+
+def test_disk_full_while_saving_keeps_the_last_checkpoint(run, tmp_path, monkeypatch):
+    real_open = open
+
+    def open_filling_the_disk(path, mode):
+        if "step_0000010" in str(path):  # the first checkpoint fits, the second does not
+            raise OSError(28, "No space left on device")
+        return real_open(path, mode)
+
+    monkeypatch.setattr(training.checkpoint, "open", open_filling_the_disk, raising=False)
+    with pytest.raises(OSError, match=r"no space to write .*step_0000010.safetensors .*earlier checkpoints are intact"):
+        run_train(run)
+    monkeypatch.undo()
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["best.safetensors", "step_0000005.safetensors"]
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000005.safetensors").meta["step"] == 5
+
+
+def poison_loss(monkeypatch, bad_steps: set[int]) -> None:
+    """Training forward number s (= step s, no accumulation) returns a NaN loss for s in bad_steps."""
+    real_forward = GPT.forward
+    calls = [0]
+
+    def forward(self, *args, **kwargs):
+        logits, loss = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls[0] += 1
+            if calls[0] in bad_steps:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_nonfinite_loss_stops_naming_the_step(run, tmp_path, monkeypatch):
+    poison_loss(monkeypatch, {7})
+    with pytest.raises(FloatingPointError, match=r"step 7: loss nan / gradient norm nan is not finite; stopped") as e:
+        run_train(run)
+    assert "last good checkpoint: " in one_line(e) and "step_0000005.safetensors" in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_0000005.safetensors"]
+
+
+def test_nonfinite_steps_are_skipped_and_counted(run, tmp_path, monkeypatch):
+    poison_loss(monkeypatch, {7, 8})
+    metrics = run_train([*run, "on_nonfinite=skip"])
+    assert np.isfinite(metrics["val/loss"])
+    meta = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000010.safetensors").meta
+    assert meta["skipped_steps"] == 2
+
+
+@pytest.mark.slow
+def test_cli_refuses_another_runs_directory_in_one_line(run, tmp_path):
+    run_train(run)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    cmd = [sys.executable, "train.py", *run]
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'run' / 'checkpoints'} already holds another run's checkpoints; "
+        "pass resume=auto to continue it or overwrite=true to start over"
+    )
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()} == before

@@ -1,0 +1,92 @@
+"""GPT.generate / GPT.stream: what they return, seeds, stop tokens, streaming, padding helpers."""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.generate import pad_prompts
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=2, d_model=32)).eval()
+
+
+def test_returns_the_prompt_followed_by_new_tokens(model):
+    idx = torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0))
+    out = model.generate(idx, 12, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (3, 17) and out.dtype == torch.long
+    assert torch.equal(out[:, :5], idx)
+    assert ((out >= 0) & (out < VOCAB)).all()
+    assert torch.equal(model.generate(idx, 0), idx)
+
+
+def test_trainer_call_still_works(model):
+    g = torch.Generator().manual_seed(1)
+    out = model.generate(torch.zeros(1, 1, dtype=torch.long), 20, temperature=0.8, top_k=200, generator=g)
+    assert out.shape == (1, 21)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_same_seed_same_sample(model, use_cache):
+    idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+
+    def run(seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        return model.generate(idx, 30, temperature=1.0, top_k=20, top_p=0.9, use_cache=use_cache, generator=g)
+
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
+
+
+def test_cached_and_uncached_draw_the_same_sample_from_the_same_seed(model):
+    idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+    a = model.generate(idx, 25, top_p=0.9, use_cache=True, generator=torch.Generator().manual_seed(3))
+    b = model.generate(idx, 25, top_p=0.9, use_cache=False, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_stream_yields_the_tokens_generate_returns(model):
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(0))
+    streamed = list(model.stream(idx, 10, generator=torch.Generator().manual_seed(4)))
+    assert len(streamed) == 10 and all(t.shape == (2,) for t in streamed)
+    out = model.generate(idx, 10, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(torch.stack(streamed, dim=1), out[:, 3:])
+
+
+def test_stop_token_ends_generation_and_pads_finished_rows(model):
+    idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(0))
+
+    def run(prompt: torch.Tensor, stop: int | None) -> torch.Tensor:
+        return model.generate(prompt, 30, stop_token=stop, generator=torch.Generator().manual_seed(9))[:, 3:]
+
+    free = run(idx, None)
+    first, second = free[0].tolist(), free[1].tolist()
+    stop = min(set(first) & set(second), key=lambda t: max(first.index(t), second.index(t)))
+    new = run(idx, stop)
+    hits = [first.index(stop), second.index(stop)]
+    assert new.shape[1] == max(hits) + 1 < 30, "generation ends when the last row produces the stop token"
+    for row, hit in enumerate(hits):
+        assert torch.equal(new[row, : hit + 1], free[row, : hit + 1])  # same tokens up to the stop
+        assert (new[row, hit:] == stop).all()  # then only the stop token
+    alone = run(idx[:1], None)[0].tolist()  # a batch of one draws other random numbers: its own reference
+    assert run(idx[:1], alone[5]).tolist() == [alone[: alone.index(alone[5]) + 1]]
+
+
+def test_pad_prompts_left_pads_and_marks_real_tokens():
+    idx, mask = pad_prompts([[5, 6, 7], [8]], pad_id=0)
+    assert idx.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[True, True, True], [False, False, True]]
+    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+        pad_prompts([[1], []])
+
+
+def test_negative_max_new_tokens_and_bad_sampling_are_refused(model):
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_new_tokens=-1 is invalid"):
+        model.generate(idx, -1)
+    with pytest.raises(ValueError, match="top_p=0 is invalid"):
+        model.generate(idx, 3, top_p=0)

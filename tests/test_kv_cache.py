@@ -1,0 +1,187 @@
+"""Cached decoding computes what full recomputation computes: logits at every step, tokens, padding."""
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.generate import pad_prompts
+from model.kv_cache import KVCache, token_positions
+
+VOCAB = 64
+BACKENDS = ["explicit", "sdpa"]
+# (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
+HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a busy 2-core machine OpenMP spin-waits made
+    this module 10-50x slower with two; one thread keeps it at seconds anywhere."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_model(backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB, block_size=block_size, n_layer=2, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend
+    )
+    model = GPT(cfg).eval()
+    # GPT-2's init gives near-uniform logits; wider weights make the argmax decisive, so a greedy
+    # comparison tests the cache rather than the tie-breaking of nearly equal logits.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+def prompt(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
+def test_cached_logits_equal_recomputed_logits_at_every_step(backend, n_head, d_k):
+    model = make_model(backend, n_head, d_k)
+    steps = 210
+    tokens = prompt(2, 6)
+    cache = model.new_cache(2, tokens.shape[1] + steps)
+    sampler = torch.Generator().manual_seed(3)  # sampled, not greedy: a random model's argmax soon loops
+    with torch.no_grad():
+        logits, _ = model(tokens, cache=cache, last_only=True)  # prefill
+        for step in range(steps):
+            full, _ = model(tokens)  # recompute everything
+            err = (logits[:, -1] - full[:, -1]).abs().max().item()
+            assert err <= 1e-5, f"step {step}: cached logits differ by {err}"
+            assert torch.equal(logits[:, -1].argmax(-1), full[:, -1].argmax(-1)), f"step {step}: greedy choice differs"
+            next_id = torch.multinomial(logits[:, -1].softmax(-1), 1, generator=sampler)  # (B, 1)
+            tokens = torch.cat([tokens, next_id], dim=1)
+            logits, _ = model(next_id, cache=cache)  # decode one token
+    assert cache.length == tokens.shape[1]
+    assert len(set(tokens[0, 6:].tolist())) > VOCAB // 2, "the test should cover many different tokens"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generate_cached_equals_uncached_for_200_greedy_tokens(backend):
+    model = make_model(backend, 3, 10)
+    idx = prompt(2, 5)
+    cached = model.generate(idx, 220, temperature=0, use_cache=True)
+    uncached = model.generate(idx, 220, temperature=0, use_cache=False)
+    assert cached.shape == (2, 225)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_prefill_equals_one_shot_prefill(backend):
+    model = make_model(backend, 3, 10)
+    tokens = prompt(2, 30)
+    one_shot, chunked = model.new_cache(2, 40), model.new_cache(2, 40)
+    with torch.no_grad():
+        expected, _ = model(tokens, cache=one_shot)
+        pieces, start = [], 0
+        for size in (7, 1, 12, 10):
+            logits, _ = model(tokens[:, start : start + size], cache=chunked)
+            pieces.append(logits)
+            start += size
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, atol=1e-5, rtol=0)
+    for a, b in zip(one_shot.layers, chunked.layers, strict=True):
+        torch.testing.assert_close(a.keys[:, :, :30], b.keys[:, :, :30], atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.values[:, :, :30], b.values[:, :, :30], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_padded_batch_equals_each_prompt_alone(backend, use_cache):
+    model = make_model(backend, 3, 10)
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (3, 11, 6)]
+    idx, padding_mask = pad_prompts(prompts, pad_id=VOCAB - 1)
+    batched = model.generate(idx, 40, temperature=0, use_cache=use_cache, padding_mask=padding_mask)
+    for row, p in enumerate(prompts):
+        alone = model.generate(torch.tensor([p]), 40, temperature=0, use_cache=use_cache)
+        assert torch.equal(batched[row, -40:], alone[0, -40:]), f"prompt {row} changed by batching"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_prefill_logits_equal_each_prompt_alone(backend):
+    model = make_model(backend, 4, None)
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (2, 9)]
+    idx, padding_mask = pad_prompts(prompts)
+    with torch.no_grad():
+        batched, _ = model(idx, padding_mask=padding_mask)
+        for row, p in enumerate(prompts):
+            alone, _ = model(torch.tensor([p]))
+            torch.testing.assert_close(batched[row, -len(p) :], alone[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache):
+    model = make_model("sdpa", 4, None, block_size=16)
+    idx = prompt(1, 5)
+    out = model.generate(idx, 40, temperature=0, use_cache=use_cache)
+    assert out.shape == (1, 45)
+    with torch.no_grad():
+        for length in range(5, 45):  # reference: crop to the window, positions 0..block_size-1
+            logits, _ = model(out[:, max(0, length - 16) : length])
+            assert out[0, length].item() == logits[0, -1].argmax().item(), f"token {length} differs"
+
+
+def test_prompt_longer_than_block_size_and_padded_batch_past_block_size():
+    model = make_model("explicit", 3, 10, block_size=16)
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (4, 21)]
+    idx, padding_mask = pad_prompts(prompts)
+    batched = model.generate(idx, 25, temperature=0, padding_mask=padding_mask)
+    for row, p in enumerate(prompts):
+        alone = model.generate(torch.tensor([p]), 25, temperature=0, use_cache=False)
+        assert torch.equal(batched[row, -25:], alone[0, -25:])
+
+
+def test_running_past_block_size_through_the_cache_is_refused():
+    model = make_model(block_size=16)
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(prompt(1, 10), cache=cache)
+        with pytest.raises(ValueError, match="10 cached \\+ 7 new tokens exceeds the model's block_size 16"):
+            model(prompt(1, 7), cache=cache)
+    with pytest.raises(ValueError, match="KV cache length 17 must be in"):
+        model.new_cache(1, 17)
+
+
+def test_full_cache_is_refused_and_reset_empties_it():
+    cache = KVCache(n_layer=1, batch_size=1, n_kv_head=2, max_length=4, d_k=3)
+    cache.reserve(3)
+    with pytest.raises(ValueError, match="KV cache is full: 3 \\+ 2 tokens exceed its 4 slots"):
+        cache.reserve(2)
+    cache.reset()
+    positions, padding = cache.reserve(4)
+    assert positions.tolist() == [[0, 1, 2, 3]] and padding is None
+
+
+def test_cache_stores_keys_per_layer_in_preallocated_buffers():
+    model = make_model("sdpa", 3, 10)
+    cache = model.new_cache(2, 20)
+    assert len(cache.layers) == 2
+    assert cache.layers[0].keys.shape == (2, 3, 20, 10)  # (B, n_kv_head, T_max, d_k)
+    buffer = cache.layers[0].keys.data_ptr()
+    tokens = prompt(2, 8)
+    with torch.no_grad():
+        model(tokens, cache=cache)
+        model(tokens[:, :1], cache=cache)
+    assert cache.layers[0].keys.data_ptr() == buffer, "the cache must write in place, not reallocate"
+    x = model.tok_emb(tokens) + model.pos_emb(torch.arange(8))
+    _, k, v = model.blocks[0].attn.project_qkv(model.blocks[0].ln_1(x))
+    torch.testing.assert_close(cache.layers[0].keys[:, :, :8], k)
+    torch.testing.assert_close(cache.layers[0].values[:, :, :8], v)
+
+
+def test_positions_count_from_each_rows_first_real_token():
+    padding_mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    assert token_positions(4, padding_mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    assert token_positions(3, offset=5).tolist() == [[5, 6, 7]]
+    cache = KVCache(n_layer=1, batch_size=2, n_kv_head=1, max_length=8, d_k=2)
+    cache.reserve(4, padding_mask)
+    positions, padding = cache.reserve(1)  # decoding continues each row's own count
+    assert positions.tolist() == [[2], [4]]
+    assert padding.tolist() == [[False, False, True, True, True], [True] * 5]

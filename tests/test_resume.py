@@ -1,0 +1,154 @@
+"""Exact resume: a run stopped by SIGTERM or killed by SIGKILL at random steps, then resumed, logs
+the same per-step losses as an uninterrupted run; resume=<path> and the wandb run id."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import training.trainer
+from tests.conftest import compose_config
+from training.checkpoint import load_checkpoint
+from training.config import to_train_config
+from training.signals import RunInterrupted, StopSignals
+from training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+# Dropout makes the losses depend on the torch RNG stream too, not just weights and batches.
+EXACT = ["max_steps=20", "eval_interval=4", "log_interval=1", "model.dropout=0.1", "sample_tokens=0"]
+
+
+@pytest.fixture
+def run_overrides(shared_corpus_overrides, tmp_path) -> list[str]:
+    return [*shared_corpus_overrides, *EXACT, f"out_dir={tmp_path / 'run'}"]
+
+
+def run_train(overrides: list[str]) -> dict:
+    return train(to_train_config(compose_config(overrides)))
+
+
+def logged(out_dir: Path, key: str = "train/loss") -> dict[int, float]:
+    """{step: value} from metrics.jsonl; complete lines only (the file may be mid-write)."""
+    path = Path(out_dir) / "metrics.jsonl"
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if key in record:
+                out[record["step"]] = record[key]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(shared_corpus_overrides, tmp_path_factory) -> Path:
+    """An uninterrupted run of the same config, in its own directory."""
+    out_dir = tmp_path_factory.mktemp("reference")
+    run_train([*shared_corpus_overrides, *EXACT, f"out_dir={out_dir}"])
+    return out_dir
+
+
+def test_signal_flag_then_second_ctrl_c_interrupts():
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):  # a stop is already pending: the user insists
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs at the next bytecode boundary
+                time.sleep(0.001)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_saves_the_current_step_and_resume_matches(run_overrides, tmp_path, reference, monkeypatch):
+    """In-process SIGINT (the CLI test below covers SIGTERM and SIGKILL)."""
+    real_lr_at = training.trainer.lr_at
+    signum = signal.SIGINT
+
+    def lr_at_signalling(step, *args):  # the signal lands mid-run, between two checkpoints
+        if step == 9:
+            os.kill(os.getpid(), signum)
+        return real_lr_at(step, *args)
+
+    monkeypatch.setattr(training.trainer, "lr_at", lr_at_signalling)
+    with pytest.raises(RunInterrupted, match=rf"stopped by {signum.name} after step 10; saved .*step_0000010"):
+        run_train(run_overrides)
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000010.safetensors").meta["step"] == 10
+    monkeypatch.setattr(training.trainer, "lr_at", real_lr_at)
+    run_train([*run_overrides, "resume=auto"])
+    assert logged(tmp_path / "run") == logged(reference)  # exact, every step
+    assert logged(tmp_path / "run", "val/loss") == logged(reference, "val/loss")
+
+
+def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, reference):
+    short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
+    run_train(short)  # its schedule differs after step 12, so resume it under the full max_steps
+    ckpt = tmp_path / "short" / "checkpoints" / "step_0000012.safetensors"
+    run_train([*run_overrides, f"resume={ckpt}", f"out_dir={tmp_path / 'continued'}"])
+    continued = logged(tmp_path / "continued")
+    assert sorted(continued) == list(range(13, 21))
+    assert continued == {s: v for s, v in logged(reference).items() if s > 12}
+
+
+def launch(overrides: list[str], log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log_path, "w") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "train.py", *overrides], cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+
+
+def wait_for_step(proc: subprocess.Popen, out_dir: Path, step: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while max(logged(out_dir), default=0) < step:
+        assert proc.poll() is None, f"run exited with {proc.returncode} before step {step}"
+        assert time.monotonic() < deadline, f"run did not reach step {step} in {timeout}s"
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_sigkill_and_sigterm_at_random_steps_resume_to_identical_losses(run_overrides, tmp_path, reference):
+    """The real CLI, killed from outside at random steps (mid-step, mid-eval, mid-save)."""
+    out_dir = tmp_path / "run"
+    overrides = [*run_overrides, "resume=auto"]
+    rng = random.Random(5)
+    stops = []
+    for i, signum in enumerate([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]):
+        proc = launch(overrides, tmp_path / f"launch{i}.log")
+        # Past every step the previous launch logged, so the stale tail of metrics.jsonl cannot count.
+        target = max(logged(out_dir), default=0) + rng.randint(1, 4)
+        wait_for_step(proc, out_dir, target)
+        proc.send_signal(signum)
+        proc.wait(timeout=120)
+        stops.append(max(logged(out_dir)))
+        if signum == signal.SIGKILL:
+            assert proc.returncode == -signal.SIGKILL
+        else:
+            output = (tmp_path / f"launch{i}.log").read_text()
+            assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+            assert f"stopped by SIGTERM after step {stops[-1]}; saved" in output
+            assert (out_dir / "checkpoints" / f"step_{stops[-1]:07d}.safetensors").is_file()
+    assert stops[-1] < 20 and len(set(stops)) == 3
+    run_train(overrides)  # the last resume in-process: it only saves a fourth interpreter start-up
+    assert logged(out_dir) == logged(reference)  # every step, bit for bit
+    assert logged(out_dir, "val/loss") == logged(reference, "val/loss")
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run(run_overrides, tmp_path):
+    offline = [*run_overrides, "logger=wandb", "logger.mode=offline", "max_steps=8"]
+    run_train(offline)
+    first = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000008.safetensors").meta["wandb_run_id"]
+    run_train([*offline, "max_steps=12", "resume=auto"])
+    second = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000012.safetensors").meta["wandb_run_id"]
+    assert first and second == first
+    runs = sorted(p.name for p in (tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{first}") for name in runs)

@@ -1,0 +1,105 @@
+"""What a head-count / d_k ablation holds fixed, so runs of different shapes compare fairly.
+
+fixed_d_model  d_model, depth and steps fixed; d_k is free, so parameters and FLOPs/token
+               grow with n_head * d_k.
+iso_param      d_k = d_model / n_head: n_head * d_k = d_model, so parameters and FLOPs/token
+               are the same for every n_head (the "Attention Is All You Need" convention).
+iso_flop       d_k free; max_steps = flop_budget / (flops_per_token * tokens_per_step), so every
+               run spends the same training FLOPs (flops_per_token counts matmuls, fwd + bwd).
+iso_time       d_k free; max_steps = time_budget_s / (measured seconds per step), so every run
+               gets the same wall-clock. The step time is the median of a few steps of a
+               throw-away copy of the model, so the learning-rate schedule still ends at max_steps.
+
+Under iso_flop and iso_time the configured max_steps is replaced; the value used is written to
+run_info.json. A resumed iso_time run measures again, so its max_steps may differ: resume iso_flop.
+"""
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.gpt import GPTConfig
+
+FAIRNESS_MODES = ("fixed_d_model", "iso_param", "iso_flop", "iso_time")
+
+
+@dataclass
+class FairnessConfig:
+    mode: str = "fixed_d_model"
+    flop_budget: float | None = None  # iso_flop: total training FLOPs of each run
+    time_budget_s: float | None = None  # iso_time: seconds of training steps per run (eval excluded)
+    calibration_steps: int = 5  # iso_time: timed steps (after one warm-up step) to measure the step time
+
+    def validate(self, model: GPTConfig) -> None:
+        """Checks only; raises ValueError naming the first bad value and the rule."""
+        if self.mode not in FAIRNESS_MODES:
+            raise ValueError(f"fairness.mode={self.mode!r} is unknown; choose one of: {', '.join(FAIRNESS_MODES)}")
+        budgets = {"iso_flop": ("flop_budget", self.flop_budget), "iso_time": ("time_budget_s", self.time_budget_s)}
+        for mode, (name, value) in budgets.items():
+            if self.mode == mode and (value is None or not value > 0):
+                raise ValueError(f"fairness.{name}={value} is invalid; fairness.mode={mode} needs a value > 0")
+            if self.mode != mode and value is not None:
+                raise ValueError(f"fairness.{name} is set but fairness.mode={self.mode}; it is used only by {mode}")
+        if self.calibration_steps < 1:
+            raise ValueError(f"fairness.calibration_steps={self.calibration_steps} is invalid; it must be >= 1")
+        if self.mode == "iso_param":
+            if model.d_model % model.n_head:
+                raise ValueError(
+                    f"fairness.mode=iso_param needs model.d_model ({model.d_model}) divisible by "
+                    f"model.n_head ({model.n_head})"
+                )
+            tied = model.d_model // model.n_head
+            if model.d_k is not None and model.d_k != tied:
+                raise ValueError(
+                    f"model.d_k={model.d_k} conflicts with fairness.mode=iso_param, which ties d_k to "
+                    f"d_model / n_head = {tied}; leave model.d_k unset or use fairness.mode=fixed_d_model"
+                )
+
+
+def steps_for_flops(flop_budget: float, flops_per_token: int, tokens_per_step: int) -> int:
+    """The whole number of optimizer steps that fits in `flop_budget` training FLOPs."""
+    steps = int(flop_budget // (flops_per_token * tokens_per_step))
+    if steps < 1:
+        raise ValueError(
+            f"fairness.flop_budget={flop_budget:.3g} is below one step "
+            f"({flops_per_token} FLOPs/token x {tokens_per_step} tokens/step)"
+        )
+    return steps
+
+
+def steps_for_time(time_budget_s: float, seconds_per_step: float) -> int:
+    steps = int(time_budget_s // seconds_per_step)
+    if steps < 1:
+        raise ValueError(f"fairness.time_budget_s={time_budget_s} is below one step ({seconds_per_step:.3g} s)")
+    return steps
+
+
+def measure_seconds_per_step(
+    model: torch.nn.Module,
+    make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer],
+    train_step: Callable[[torch.nn.Module, torch.optim.Optimizer, int], Tensor],
+    steps: int,
+    compile: bool = False,
+) -> float:
+    """Median seconds of `train_step` on a deep copy, after one warm-up step (compile, allocator).
+
+    The copy keeps the real model and optimizer untouched, and forking the RNG keeps the run's
+    random stream (dropout) the same as without calibration.
+    """
+    probe = copy.deepcopy(model)
+    optimizer = make_optimizer(probe)
+    runner = torch.compile(probe) if compile else probe
+    devices = [p.device for p in probe.parameters() if p.device.type == "cuda"][:1]
+    times = []
+    with torch.random.fork_rng(devices=devices):
+        for step in range(steps + 1):
+            t0 = time.perf_counter()
+            train_step(runner, optimizer, step).item()  # .item() waits for the device
+            if step > 0:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -1,0 +1,100 @@
+"""Run state across restarts: what a checkpoint records about the run, the checks that a checkpoint
+fits this run (tokenizer, vocabulary, architecture), and restoring weights, optimizer and counters.
+
+Batches are a pure function of (seed, step, micro_step) (data/batches.py) and checkpoints are only
+written between optimizer steps, so the step is the data position and the accumulation position
+is always 0. RNG states are restored by the caller just before the first step.
+"""
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from data.prepare import PreparedData
+from training import checkpoint as ckpt_io
+from training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_k", "d_ff", "bias")
+# Allowed to change on resume, but then the run no longer matches an uninterrupted one.
+TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "max_steps", "optim")
+
+
+@dataclass
+class RunState:
+    step: int = 0  # optimizer steps done; also the LR-schedule step and the data position
+    best_val_loss: float = math.inf
+    skipped_steps: int = 0  # non-finite steps dropped under on_nonfinite=skip
+    wandb_run_id: str | None = None
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "RunState":
+        return cls(**{k: meta[k] for k in asdict(cls()) if k in meta})
+
+
+def checkpoint_meta(state: RunState, config: dict[str, Any], data: PreparedData, metrics: dict) -> dict[str, Any]:
+    return {
+        **asdict(state),
+        "data_position": {"seed": config["seed"], "step": state.step, "micro_step": 0},
+        "config": config,
+        "tokenizer": data.meta["tokenizer"],
+        "vocab_size": data.meta["vocab_size"],
+        "data_fingerprint": data.meta["fingerprint"],
+        "metrics": metrics,
+    }
+
+
+def describe_tokenizer(meta: dict | None) -> str:
+    meta = meta or {}
+    if meta.get("name") == "char" and isinstance(meta.get("chars"), str):
+        return f"char ({len(meta['chars'])} characters)"
+    return repr(meta.get("name"))
+
+
+def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, data: PreparedData) -> None:
+    """Refuse a checkpoint this run cannot continue; warn where it continues on a different trajectory."""
+    where = f"checkpoint {str(path)!r}"
+    if "optim_param_groups" not in ckpt.meta:
+        raise ValueError(f"{where} holds no optimizer state (weights only); it can be sampled from, not resumed")
+    if ckpt.meta.get("tokenizer") != data.meta["tokenizer"]:
+        saved, now = describe_tokenizer(ckpt.meta.get("tokenizer")), describe_tokenizer(data.meta["tokenizer"])
+        if saved == now:  # e.g. two char vocabularies of the same size
+            now += " with other symbols"
+        raise ValueError(f"{where} was trained with tokenizer {saved}, which does not match the data's tokenizer {now}")
+    if ckpt.meta.get("vocab_size") != data.meta["vocab_size"]:
+        raise ValueError(
+            f"{where} was trained on a vocabulary of {ckpt.meta.get('vocab_size')} tokens; "
+            f"the data's is {data.meta['vocab_size']}"
+        )
+    saved = ckpt.meta["config"]
+    model_now = asdict(cfg.model)
+    for key in ARCH_KEYS:
+        if saved["model"].get(key) != model_now[key]:
+            raise ValueError(
+                f"{where} has model.{key}={saved['model'].get(key)} but this run has model.{key}={model_now[key]}; "
+                "resume with the checkpoint's model config"
+            )
+    now = asdict(cfg)
+    changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != now[key]]
+    if ckpt.meta.get("data_fingerprint") != data.meta["fingerprint"]:
+        changed.append("data")
+    if changed:
+        log.warning("resuming with a different %s: the run continues, but not as the original would have", changed)
+
+
+def restore(
+    path: Path, cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, data: PreparedData
+) -> tuple[RunState, ckpt_io.Checkpoint]:
+    ckpt = ckpt_io.load_checkpoint(path)
+    check_compatible(ckpt, path, cfg, data)
+    ckpt_io.load_model_weights(model, ckpt)
+    ckpt_io.restore_optimizer(optimizer, ckpt)
+    state = RunState.from_meta(ckpt.meta)
+    log.info("resuming from %s at step %d", path, state.step)
+    return state, ckpt
