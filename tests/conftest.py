@@ -63,3 +63,12 @@ def shared_corpus_overrides(tmp_path_factory) -> list[str]:
         f"data.cache_dir={base / 'cache'}",
         "progress=false",
     ]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_cache(tmp_path_factory):
+    """Caches a test does not name itself (the measured matmul peak, say) live in a per-session folder."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("attnlab_cache")))
+    yield
+    patch.undo()

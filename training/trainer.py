@@ -7,6 +7,7 @@ step, save, exit), guards.py (non-finite loss or gradient), preflight.py (data c
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,12 +23,14 @@ from model import GPT
 from training import checkpoint as ckpt_io
 from training import distributed
 from training.batch_layout import batch_layout
+from training.compile import compile_or_eager
 from training.config import TrainConfig
 from training.device import autocast, resolve_device, resolve_precision
 from training.evaluate import eval_metrics, mean_loss
 from training.fairness import measure_seconds_per_step, steps_for_flops, steps_for_time
 from training.guards import check_weights_finite, grad_norm_, is_finite, nonfinite_error, read_step
 from training.loggers import MetricsLogger
+from training.mfu import peak_flops
 from training.optim import build_optimizer, lr_at
 from training.preflight import check_data_fits
 from training.resume import RunState, checkpoint_meta, restore
@@ -80,6 +83,8 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
     if resume_path is not None:
         state, ckpt = restore(resume_path, cfg, model, optimizer, data)
     ctx = autocast(device, precision)
+    # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     tokens_per_step = layout.micro_batch * accum * dist_info.world_size * cfg.model.block_size  # all ranks
 
     def forward_backward(m: torch.nn.Module, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,12 +95,16 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
             x, y = sample_batch(
                 data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro_step
             )
-            x, y = x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
+            x, y = x[rows], y[rows]
+            if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with distributed.grad_sync(m, micro == accum - 1):  # all-reduce on the last micro-step only
                 with ctx:
                     _, loss = m(x, y)
-                (loss / accum).backward()
+                scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
+        scaler.unscale_(optimizer)  # clip and check the true gradients
         norm = distributed.full_tensor(grad_norm_(list(m.parameters()), cfg.optim.grad_clip))
         return distributed.mean_over_ranks(loss_sum / accum, dist_info), norm
 
@@ -103,7 +112,8 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         """One optimizer step as iso_time calibration times it (the loop below also handles bad steps)."""
         loss, norm = forward_backward(m, step)
         if is_finite(*read_step(loss, norm)):
-            opt.step()
+            scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss
 
@@ -122,8 +132,10 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         log.info("iso_time: %.3f s/step -> max_steps %d", seconds, cfg.max_steps)
     cfg.max_steps = distributed.broadcast_object(cfg.max_steps, dist_info)  # rank 0's timing decides for all
     train_model, optimizer = distributed.wrap(model, optimizer, new_optimizer, cfg.distributed, dist_info, device)
-    if cfg.compile:
-        train_model = torch.compile(train_model)
+    if cfg.compile:  # compiled now, on a real batch, so a failing toolchain falls back to eager here
+        train_model = compile_or_eager(train_model, lambda m: (forward_backward(m, state.step), scaler.update()))
+    peak = peak_flops(device, precision)  # measured once per machine, cached (training/mfu.py)
+    flops_per_token = model.flops_per_token()
 
     # Every check has passed: only now may this run replace what out_dir holds.
     def start_run_dir() -> None:
@@ -137,11 +149,12 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
     if dist_info.is_main:
         write_run_info(out_dir, model, config_dict, tokens_per_step)
     log.info(
-        "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s",
+        "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s (measured peak %.3f TFLOP/s)",
         model.num_params() / 1e6,
-        model.flops_per_token() / 1e6,
+        flops_per_token / 1e6,
         device,
         precision,
+        peak / 1e12,
     )
     val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
     metrics: dict[str, Any] = {}
@@ -199,26 +212,33 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
                 group["lr"] = lr
             train_loss, grad_norm = read_step(*forward_backward(train_model, step))
             state.step = done = step + 1
-            if is_finite(train_loss, grad_norm):
-                optimizer.step()
+            # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
+            if is_finite(train_loss, grad_norm) or (scaler.is_enabled() and math.isfinite(train_loss)):
+                scaler.step(optimizer)
             elif cfg.on_nonfinite == "skip":
                 state.skipped_steps += 1
                 log.warning("step %d: loss %s / grad norm %s; update skipped", done, train_loss, grad_norm)
             else:
                 raise nonfinite_error(done, train_loss, grad_norm, checkpoints.latest())
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
 
             if done % cfg.log_interval == 0 or done == cfg.max_steps:
                 elapsed = time.perf_counter() - t0
                 tok_s = tokens_per_step * (done - last_logged) / elapsed
                 t0, last_logged = time.perf_counter(), done
+                mfu = flops_per_token * tok_s / (peak * dist_info.world_size)
                 throughputs.append(tok_s)
                 train_seconds += elapsed
                 record = {"train/loss": train_loss, "train/grad_norm": grad_norm, "lr": lr}
-                record |= {"throughput/tokens_per_s": tok_s, "train/skipped_steps": state.skipped_steps}
+                record |= {
+                    "throughput/tokens_per_s": tok_s,
+                    "throughput/mfu": mfu,
+                    "train/skipped_steps": state.skipped_steps,
+                }
                 if logger:
                     logger.log(record, done)
-                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
+                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}", mfu=f"{mfu:.1%}")
             if done % cfg.eval_interval == 0 or done == cfg.max_steps:
                 evaluate_and_save()
                 t0, last_logged = time.perf_counter(), done  # keep eval time out of throughput
@@ -234,7 +254,7 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
             state.best_val_loss,
             throughputs,
             train_seconds,
-            model.flops_per_token(),
+            flops_per_token,
             tokens_per_step,
         )
 
