@@ -6,6 +6,7 @@ Examples:
     python train.py data=shakespeare_gpt2 max_steps=500
     python train.py +debug=tiny                        # a seconds-long smoke run
     python train.py +experiment=ablate_heads_dk        # a multirun sweep over n_head x d_k
+    torchrun --standalone --nproc_per_node=4 train.py  # DDP on 4 GPUs (or CPU processes), same results
 """
 
 import logging
@@ -16,7 +17,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
 
+from training import distributed
 from training.config import register_configs, to_train_config
 from training.signals import RunInterrupted
 from training.trainer import train
@@ -26,12 +29,14 @@ register_configs()
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
+@record  # under torchrun: the failing rank's exception becomes the job's reported root cause
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     if cfg.out_dir is None:
-        cfg.out_dir = hydra_cfg.runtime.output_dir
+        cfg.out_dir = hydra_cfg.runtime.output_dir  # rank 0's is given to all ranks in train()
     if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
         cfg.logger.group = "/".join(Path(hydra_cfg.sweep.dir).parts[-2:])  # wandb runs of one sweep share a group
+    distributed.quiet_unless_main(distributed.env_info())
     log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg))
     try:
         metrics = train(to_train_config(cfg))
@@ -39,7 +44,7 @@ def main(cfg: DictConfig) -> float | None:
         log.warning("%s", e)
         print(e, file=sys.stderr)
         sys.exit(e.exit_code)
-    except (ValueError, OSError, FloatingPointError) as e:  # user-fixable: one line, no traceback
+    except (ValueError, OSError, FloatingPointError, distributed.RankFailed) as e:  # one line, no traceback
         log.error("%s", e)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the rest of the sweep
@@ -51,4 +56,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv = distributed.hydra_argv(sys.argv, distributed.env_info())
     main()

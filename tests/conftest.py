@@ -66,6 +66,15 @@ def shared_corpus_overrides(tmp_path_factory) -> list[str]:
     ]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def session_cache(tmp_path_factory):
+    """Caches a test does not name itself (the measured matmul peak, say) live in a per-session folder."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("attnlab_cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors gain nothing from threads, and on a busy 2-core machine OpenMP spin-waits made

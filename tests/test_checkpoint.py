@@ -21,6 +21,7 @@ from model import GPT, GPTConfig
 from training.checkpoint import (
     load_checkpoint,
     load_model_weights,
+    looks_like_pickle,
     restore_optimizer,
     restore_rng_state,
     save_checkpoint,
@@ -228,3 +229,12 @@ def test_keep_last_and_best_are_kept(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["best.safetensors", "step_0000030.safetensors", "step_0000040.safetensors"]
     assert load_checkpoint(tmp_path / "best.safetensors").meta["step"] == 30
+
+
+def test_safetensors_header_length_ending_in_0x80_is_not_taken_for_a_pickle():
+    # 8-byte little-endian header length 0x5880, then the JSON header: a damaged safetensors file.
+    assert not looks_like_pickle(b"\x80\x58\x00\x00\x00\x00\x00\x00{")
+    assert not looks_like_pickle(b"\x80\x02\x00\x00\x00\x00\x00\x00{")
+    assert looks_like_pickle(pickle.dumps({"a": 1}, protocol=4)[:9])
+    assert looks_like_pickle(pickle.dumps([1, 2], protocol=2)[:9])
+    assert looks_like_pickle(b"PK\x03\x04rest")

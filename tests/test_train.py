@@ -95,3 +95,39 @@ def test_train_py_cli_runs_and_errors_cleanly(tiny_run_overrides, tmp_path):
     )
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1] == "error: model.n_head=0 is invalid; it must be >= 1"
+
+
+def logged(tmp_path, key: str, run: str = "run") -> list[float]:
+    lines = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    return [line[key] for line in lines if key in line]
+
+
+def test_mfu_is_logged_against_the_measured_peak(tiny_run_overrides, tmp_path):
+    run_train(tiny_run_overrides)
+    mfu = logged(tmp_path, "throughput/mfu")
+    assert len(mfu) == 4 and all(0 < m < 1.5 for m in mfu)
+
+
+def test_compile_failure_falls_back_to_eager(tiny_run_overrides, tmp_path, monkeypatch, caplog):
+    import torch
+
+    def broken_compile(model, *args, **kwargs):
+        def fail(*a, **k):
+            raise RuntimeError("compiler exploded")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    run_train([*tiny_run_overrides, "compile=true", "precision=fp32", f"out_dir={tmp_path / 'compiled'}"])
+    assert "torch.compile failed (RuntimeError: compiler exploded); training in eager mode" in caplog.text
+    run_train([*tiny_run_overrides, "precision=fp32"])
+    assert logged(tmp_path, "train/loss", "compiled") == logged(tmp_path, "train/loss")  # the trial left no trace
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tiny_run_overrides, tmp_path):
+    steps = ["max_steps=6", "log_interval=1", "eval_interval=6", "precision=fp32", "sample_tokens=0"]
+    run_train([*tiny_run_overrides, *steps])
+    run_train([*tiny_run_overrides, *steps, "compile=true", f"out_dir={tmp_path / 'compiled'}"])
+    eager, compiled = logged(tmp_path, "train/loss"), logged(tmp_path, "train/loss", "compiled")
+    assert len(eager) == 6 and max(abs(a - b) for a, b in zip(eager, compiled, strict=True)) < 1e-4

@@ -27,7 +27,6 @@ FORMAT = "attnlab-checkpoint"
 FORMAT_VERSION = 2  # 2: adds the sha256 digest
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and DDP
 # First bytes of the two formats torch.save writes; we name them rather than call them corrupt.
-PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")
 
 
 @dataclass
@@ -171,6 +170,17 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         os.close(dir_fd)
 
 
+def looks_like_pickle(head: bytes) -> bool:
+    """A pickle (protocol 2-5) or torch.save zip, told apart from a damaged safetensors file.
+
+    A safetensors file starts with an 8-byte header length, whose low byte may well be 0x80, and
+    then its JSON header's `{`; a pickle's opcodes put no `{` at offset 8 in practice.
+    """
+    if head.startswith(b"PK\x03\x04"):
+        return True
+    return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") and head[8:9] != b"{"
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint; refuse anything that is not a whole, unmodified attnlab checkpoint.
 
@@ -185,8 +195,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
     except Exception as e:  # safetensors raises several types for truncated/corrupt files
         with open(path, "rb") as f:
-            # Only once safetensors has refused it: a header length can also begin with 0x80.
-            if f.read(4).startswith(PICKLE_MAGIC):
+            if looks_like_pickle(f.read(9)):
                 raise ValueError(
                     f"checkpoint {str(path)!r} is a pickle/torch.save file; only attnlab safetensors load"
                 ) from None

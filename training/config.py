@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.config import DataConfig
 from model.gpt import GPTConfig
 from training.device import PRECISIONS
+from training.distributed import DistributedConfig
 from training.fairness import FairnessConfig
 from training.guards import NONFINITE_POLICIES
 from training.loggers import LoggerConfig
@@ -25,12 +26,14 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)  # what an ablation holds fixed
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool = False
-    batch_size: int = 32  # sequences per micro-batch
-    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    batch_size: int = 32  # sequences per micro-batch (ranks may split it: training/batch_layout.py)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
+    global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
     max_steps: int = 600
     eval_interval: int = 100
     eval_batches: int = 10
@@ -51,6 +54,7 @@ class TrainConfig:
         self.optim.validate()
         self.logger.validate()
         self.fairness.validate(self.model)
+        self.distributed.validate()
         positive = {
             "batch_size": self.batch_size,
             "grad_accum_steps": self.grad_accum_steps,
@@ -63,6 +67,17 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name}={value} is invalid; it must be >= 1")
+        if self.global_batch_size is not None:
+            if self.grad_accum_steps != 1:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} and grad_accum_steps={self.grad_accum_steps} "
+                    "are both set; give one (accumulation is derived from global_batch_size)"
+                )
+            if self.global_batch_size < 1 or self.global_batch_size % self.batch_size:
+                raise ValueError(
+                    f"global_batch_size={self.global_batch_size} is invalid; "
+                    f"it must be a positive multiple of batch_size ({self.batch_size})"
+                )
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
         if not self.out_dir:

@@ -1,0 +1,48 @@
+"""A 2-process worker for tests/test_distributed.py, in its own small module so that each spawned
+process imports torch and training.distributed only (not the trainer and the data stack)."""
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from training import distributed
+from training.distributed import DistributedConfig, RankFailed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def failing_worker(rank: int, world_size: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    os.environ["LOCAL_RANK"] = str(rank)
+    result = {}
+    with distributed.process_group(DistributedConfig(timeout_s=2), torch.device("cpu")) as (info, _):
+        # A stop signal seen by rank 1 only still stops both, at the same step.
+        result["stop"] = distributed.max_over_ranks(15 if info.rank == 1 else 0, info)
+
+        def save() -> None:
+            raise OSError("no space left to write the checkpoint")
+
+        try:
+            distributed.on_main(save, info)
+        except (OSError, RankFailed) as e:
+            result["on_main"] = f"{type(e).__name__}: {e}"
+        # Rank 1 now hangs (it never joins the all-reduce); rank 0 must give up after the timeout.
+        if info.rank == 1:
+            time.sleep(6)
+        else:
+            start = time.perf_counter()
+            try:
+                distributed.mean_over_ranks(torch.ones(1), info)
+                result["timeout"] = "returned"
+            except RuntimeError as e:
+                result["timeout"] = f"raised after {time.perf_counter() - start:.1f}s: {str(e).splitlines()[0]}"
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        raise SystemExit(0)  # leave as a failed run does: the group is broken, so no closing barrier

@@ -1,0 +1,216 @@
+"""Distributed training on CPU (gloo, 2 processes): same losses as one process, checkpoints that a
+one-process run resumes and scripts/sample.py reads, one run directory, failures that end every
+rank instead of hanging."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from data.batches import sample_batch
+from scripts.sample import SampleConfig, sample
+from tests.conftest import compose_config
+from tests.distributed_worker import failing_worker, free_port
+from training import distributed
+from training.batch_layout import BatchLayout, batch_layout
+from training.checkpoint import load_checkpoint
+from training.config import to_train_config
+from training.distributed import DistInfo
+from training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- batch layout: any world size sees a one-process run's sequences -----------------------------
+
+
+@pytest.mark.parametrize(
+    "batch_size,grad_accum_steps,world_size",
+    [(8, 4, 1), (8, 4, 2), (8, 4, 4), (8, 1, 2), (8, 2, 4), (6, 1, 3), (8, 3, 3), (4, 2, 8)],
+)
+def test_batch_layout_deals_out_the_one_process_batches(batch_size, grad_accum_steps, world_size):
+    tokens = np.arange(10_000, dtype=np.uint16)
+
+    def draw(layout: BatchLayout, micro: int, info: DistInfo) -> torch.Tensor:
+        micro_step, rows = layout.locate(micro, info)
+        return sample_batch(tokens, batch_size, 16, seed=3, step=7, micro_step=micro_step)[0][rows]
+
+    single = batch_layout(batch_size, grad_accum_steps, None, 1)
+    expected = torch.cat([draw(single, m, DistInfo()) for m in range(grad_accum_steps)])
+
+    layout = batch_layout(batch_size, grad_accum_steps, None, world_size)
+    parts = {}
+    for rank in range(world_size):
+        info = DistInfo(rank=rank, world_size=world_size)
+        for micro in range(layout.accum_steps):
+            x = draw(layout, micro, info)
+            assert x.shape == (layout.micro_batch, 16)
+            parts[micro * world_size + rank] = x
+    assert layout.micro_batch * layout.accum_steps * world_size == batch_size * grad_accum_steps
+    assert torch.equal(torch.cat([parts[i] for i in sorted(parts)]), expected)
+
+
+def test_global_batch_size_derives_the_accumulation():
+    layout = batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=64, world_size=2)
+    assert (layout.micro_batch, layout.accum_steps, layout.split) == (8, 4, 1)
+
+
+def test_a_global_batch_that_ranks_cannot_share_is_refused():
+    with pytest.raises(ValueError, match="a global batch of 8 sequences cannot be shared evenly by 3 processes"):
+        batch_layout(batch_size=8, grad_accum_steps=1, global_batch_size=None, world_size=3)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["global_batch_size=64", "grad_accum_steps=2"], r"global_batch_size=64 and grad_accum_steps=2 are both set"),
+        (["global_batch_size=20"], r"global_batch_size=20 is invalid; it must be a positive multiple of batch_size"),
+        (["distributed.strategy=zero3"], r"distributed.strategy='zero3' is unknown; choose one of: ddp, fsdp"),
+        (["distributed.backend=mpi"], r"distributed.backend='mpi' is unknown"),
+        (["distributed.timeout_s=0"], r"distributed.timeout_s=0.0 is invalid"),
+    ],
+)
+def test_bad_distributed_values_are_refused(tiny_run_overrides, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        to_train_config(compose_config([*tiny_run_overrides, *overrides]))
+
+
+def test_other_ranks_give_hydra_no_run_directory_of_their_own():
+    argv = ["train.py", "max_steps=5", "hydra.run.dir=mine"]
+    assert distributed.hydra_argv(argv, DistInfo(rank=0, world_size=2)) == argv
+    other = distributed.hydra_argv(argv, DistInfo(rank=1, world_size=2))
+    assert other[:2] == ["train.py", "max_steps=5"] and "hydra.run.dir=mine" not in other
+    assert {"hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"} <= set(other)
+
+
+def test_a_rank_cannot_be_pinned_to_one_gpu():
+    with pytest.raises(ValueError, match="device=cuda:1 names one GPU"):
+        distributed.local_device(torch.device("cuda:1"), DistInfo(rank=0, world_size=2))
+
+
+# --- failures: every rank ends with a clear error, none hangs --------------------------------------
+
+
+@pytest.mark.slow
+def test_failures_end_every_rank_with_a_clear_error(tmp_path):
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=failing_worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0, f"worker exit code {p.exitcode}"
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank0["stop"] == rank1["stop"] == 15
+    assert rank0["on_main"] == "OSError: no space left to write the checkpoint"
+    assert rank1["on_main"] == (
+        "RankFailed: rank 0 failed, so rank 1 stops too: OSError: no space left to write the checkpoint"
+    )
+    assert rank0["timeout"].startswith("raised after"), rank0["timeout"]
+    assert float(rank0["timeout"].split()[2].rstrip("s:")) < 5  # the 2 s timeout, not rank 1's 6 s sleep
+
+
+# --- 2-process training equals 1-process training ---------------------------------------------------
+
+EXACT = ["precision=fp32", "max_steps=4", "eval_interval=2", "log_interval=1", "optim.warmup_steps=2"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["train/loss"] for line in lines if "train/loss" in line}
+
+
+def torchrun(overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return subprocess.run(
+        [*cmd, str(ROOT / "train.py"), *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy,batch",
+    [
+        ("ddp", ["batch_size=8", "grad_accum_steps=4"]),  # 2 ranks x 2 micro-steps of 8 = 1 process x 4
+        ("fsdp", ["batch_size=8", "grad_accum_steps=1"]),  # each rank takes half of the one micro-batch
+    ],
+)
+def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_overrides, tmp_path, strategy, batch):
+    base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + EXACT + batch
+    train(to_train_config(compose_config([*base, f"out_dir={tmp_path / 'one'}"])))
+    reference = losses(tmp_path / "one")
+
+    # No out_dir: Hydra's outputs/DATE/TIME under cwd, which the ranks must agree on.
+    proc = torchrun([*base, f"distributed.strategy={strategy}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dirs = [p.parent for p in (tmp_path / "outputs").glob("*/*/metrics.jsonl")]
+    assert len(run_dirs) == 1 and len(list((tmp_path / "outputs").glob("*/*"))) == 1
+    two = losses(run_dirs[0])
+    assert two.keys() == reference.keys() == set(range(1, 5))
+    for step in reference:
+        assert two[step] == pytest.approx(reference[step], abs=1e-5), step
+    assert proc.stdout.count("--- sample ---") == 1  # rank 0 alone samples and logs
+    assert (proc.stdout + proc.stderr).count("resolved config") == 1
+
+    # The 2-process checkpoint is a plain one: sampling loads it, a 1-process run continues it exactly.
+    checkpoints = run_dirs[0] / "checkpoints"
+    sample_cfg = SampleConfig(checkpoint=str(checkpoints / "step_0000004.safetensors"), device="cpu", max_new_tokens=10)
+    samples = sample(sample_cfg, out=io.StringIO())
+    assert len(samples) == 1 and len(samples[0]) > len(sample_cfg.prompt)
+    two_final = load_checkpoint(checkpoints / "step_0000004.safetensors").section("model.")
+    one_final = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_0000004.safetensors").section("model.")
+    assert two_final.keys() == one_final.keys()
+    for name, tensor in one_final.items():
+        torch.testing.assert_close(two_final[name], tensor, atol=1e-5, rtol=0, msg=name)
+    resume = f"resume={checkpoints / 'step_0000002.safetensors'}"
+    train(to_train_config(compose_config([*base, f"out_dir={tmp_path / 'resumed'}", resume])))
+    resumed = losses(tmp_path / "resumed")
+    assert resumed.keys() == {3, 4}
+    for step in resumed:
+        assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrides, tmp_path):
+    # A constant learning rate, so that the schedule does not depend on max_steps.
+    flat_lr = ["optim.warmup_steps=0", "optim.lr=1e-3", "optim.min_lr=1e-3"]
+    base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + flat_lr
+    base += ["precision=fp32", "log_interval=1", "batch_size=8"]
+    run = [*base, "max_steps=100000", "eval_interval=100000", f"out_dir={tmp_path / 'two'}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
+    proc = subprocess.Popen([*cmd, *run], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "two" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 3"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM after step" in stderr.decode()
+    saved = sorted((tmp_path / "two" / "checkpoints").glob("step_*.safetensors"))
+    assert len(saved) == 1
+    stopped_at = load_checkpoint(saved[0]).meta["step"]
+    assert stopped_at == max(losses(tmp_path / "two"))  # every rank stopped after the same step, and it was saved
+
+    # One process continues the 2-process run exactly as an uninterrupted one-process run would.
+    resumed = [*base, f"max_steps={stopped_at + 2}", f"resume={saved[0]}", f"out_dir={tmp_path / 'resumed'}"]
+    train(to_train_config(compose_config(resumed)))
+    train(to_train_config(compose_config([*base, f"max_steps={stopped_at + 2}", f"out_dir={tmp_path / 'one'}"])))
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "resumed")
+    assert two.keys() == {stopped_at + 1, stopped_at + 2}
+    for step in two:
+        assert two[step] == pytest.approx(one[step], abs=1e-5), step

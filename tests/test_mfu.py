@@ -1,0 +1,38 @@
+"""MFU: measured peak, cached per device and dtype; the ratio uses the model's own FLOP count."""
+
+import json
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from training import mfu as mfu_mod
+
+
+def test_peak_is_measured_once_then_cached(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(device, precision):
+        calls.append(precision)
+        return 1.5e12
+
+    monkeypatch.setattr(mfu_mod, "measure_matmul_peak", fake_measure)
+    cache = tmp_path / "peak.json"
+    cpu = torch.device("cpu")
+    assert mfu_mod.peak_flops(cpu, "bf16", cache) == 1.5e12
+    assert mfu_mod.peak_flops(cpu, "bf16", cache) == 1.5e12
+    assert calls == ["bf16"]
+    assert list(json.loads(cache.read_text()).values()) == [1.5e12]
+    mfu_mod.peak_flops(cpu, "bf16", cache, remeasure=True)
+    assert calls == ["bf16", "bf16"]
+
+
+def test_measured_peak_is_a_plausible_rate():
+    peak = mfu_mod.measure_matmul_peak(torch.device("cpu"), "fp32", sizes=(256,), repeats=3)
+    assert 1e8 < peak < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s on any CPU
+
+
+def test_mfu_uses_the_models_flops_per_token():
+    model = GPT(GPTConfig(vocab_size=100, block_size=64, n_layer=2, n_head=3, d_model=48, d_k=20))
+    flops = model.flops_per_token()
+    assert mfu_mod.mfu(flops, tokens_per_s=1000.0, peak=flops * 4000.0) == pytest.approx(0.25)
