@@ -5,6 +5,12 @@
 The mask is applied to the scores *before* the softmax, so every row renormalises over the
 positions it may see. The explicit path below is the reference; the `sdpa` backend calls
 PyTorch's fused kernel and is proven equal to it by the tests.
+
+Variants of the multi-head module: grouped-query attention (Ainslie et al. 2023, "GQA"; MQA when
+n_kv_head = 1), where groups of n_head / n_kv_head query heads share one key/value head, so the KV
+cache shrinks by that factor; QK-norm (RMSNorm of each query and key head before the dot product,
+as in OLMo 2 and Qwen3), which bounds the logits of the softmax; and RoPE (model/position.py),
+applied to queries and keys after the norm and before the cache, so cached keys are rotated once.
 """
 
 import math
@@ -14,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.kv_cache import LayerCache
+from model.position import apply_rotary
 
 BACKENDS = ("explicit", "sdpa")
 
@@ -44,11 +51,26 @@ def _check_shapes(query: Tensor, key: Tensor, value: Tensor) -> None:
         raise ValueError(f"key and value lengths differ: {key.shape[-2]} vs {value.shape[-2]}")
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(f"query and key head dims differ: {query.shape[-1]} vs {key.shape[-1]}")
+    if key.shape[1] != value.shape[1] or query.shape[1] % key.shape[1]:
+        raise ValueError(
+            f"{query.shape[1]} query heads cannot share {key.shape[1]} key / {value.shape[1]} value heads; "
+            "the key/value heads must be equal in number and divide the query heads"
+        )
+
+
+def expand_kv_heads(x: Tensor, n_head: int) -> Tensor:
+    """(B, H_kv, T, D) -> (B, n_head, T, D): query head h uses key/value head h // (n_head / H_kv)."""
+    groups = n_head // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 def attention_weights(query: Tensor, key: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """softmax(QK^T / sqrt(d_k) + mask), shape (B, H, Tq, Tk); rows with no visible key are zero."""
+    """softmax(QK^T / sqrt(d_k) + mask), shape (B, H, Tq, Tk); rows with no visible key are zero.
+
+    key may have fewer heads than query (GQA); each then serves a group of query heads.
+    """
     d_k = query.shape[-1]
+    key = expand_kv_heads(key, query.shape[1])
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
     if attention_mask is None:
         return scores.softmax(dim=-1)
@@ -67,15 +89,15 @@ def scaled_dot_product_attention(
     attention_mask: Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """softmax(QK^T / sqrt(d_k) + mask) V for query (B, H, Tq, D) and key/value (B, H, Tk, D).
+    """softmax(QK^T / sqrt(d_k) + mask) V for query (B, H, Tq, D) and key/value (B, H_kv, Tk, D).
 
-    `attention_mask` is boolean, True = visible, broadcastable to (B, H, Tq, Tk).
+    `attention_mask` is boolean, True = visible, broadcastable to (B, H, Tq, Tk). H_kv divides H.
     """
     _check_shapes(query, key, value)
     weights = attention_weights(query, key, attention_mask)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    return weights @ value  # (B, H, Tq, D)
+    return weights @ expand_kv_heads(value, query.shape[1])  # (B, H, Tq, D)
 
 
 def fused_attention(
@@ -88,15 +110,25 @@ def fused_attention(
 ) -> Tensor:
     """The same computation through PyTorch's fused kernels (flash / memory-efficient / math)."""
     _check_shapes(query, key, value)
+    # enable_gqa lets the kernel share key/value heads without copying them; it is only passed for
+    # GQA so that plain multi-head attention keeps every kernel it is eligible for.
+    gqa = {"enable_gqa": True} if key.shape[1] != query.shape[1] else {}
     return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout_p, is_causal=is_causal
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
     )
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention where n_head and d_k are independent knobs.
+def rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
+    """`norm` applied in float32, returned in x's dtype. Under bf16 autocast x is bf16 and the gain
+    float32, with bf16 weights the reverse; mixed dtypes would miss the fused kernel (and warn)."""
+    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).type_as(x)
 
-    W_Q, W_K, W_V map d_model -> n_head * d_k (fused into one matmul); W_O maps n_head * d_k -> d_model.
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention where n_head, d_k and n_kv_head are independent knobs.
+
+    W_Q maps d_model -> n_head * d_k, W_K and W_V map d_model -> n_kv_head * d_k (the three fused
+    into one matmul); W_O maps n_head * d_k -> d_model. n_kv_head = None means n_head (plain MHA).
     """
 
     def __init__(
@@ -107,34 +139,57 @@ class CausalSelfAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         backend: str = "sdpa",
+        n_kv_head: int | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"attention backend {backend!r} is unknown; choose one of: {', '.join(BACKENDS)}")
         self.n_head = n_head
+        self.n_kv_head = n_kv_head or n_head
+        if n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({n_head})")
         self.d_k = d_k or d_model // n_head
         self.backend = backend
         self.dropout = dropout
-        self.qkv_proj = nn.Linear(d_model, 3 * n_head * self.d_k, bias=bias)  # W_Q | W_K | W_V
-        self.out_proj = nn.Linear(n_head * self.d_k, d_model, bias=bias)  # W_O
+        q_dim, kv_dim = n_head * self.d_k, self.n_kv_head * self.d_k
+        self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # W_Q | W_K | W_V
+        self.out_proj = nn.Linear(q_dim, d_model, bias=bias)  # W_O
+        # One gain per channel of a head, shared by the heads (a head is a vector, the norm is over d_k).
+        self.q_norm = nn.RMSNorm(self.d_k, eps=1e-6) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.d_k, eps=1e-6) if qk_norm else None
         self.resid_dropout = nn.Dropout(dropout)
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, d_model) -> three (B, H, T, d_k) tensors."""
+    def project_qkv(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, d_model) -> q (B, H, T, d_k) and k, v (B, H_kv, T, d_k), QK-normed and rotated as configured."""
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.n_head * self.d_k, dim=-1)
-        return tuple(t.view(B, T, self.n_head, self.d_k).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self.qkv_proj(x).split([self.n_head * self.d_k, *[self.n_kv_head * self.d_k] * 2], dim=-1)
+        q = q.view(B, T, self.n_head, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+        k = k.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
+        v = v.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = rms_norm(self.q_norm, q), rms_norm(self.k_norm, k)
+        if rotary is not None:
+            q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
+        return q, k, v
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        padding_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """x: (B, T, d_model); padding_mask: optional (B, Tk) bool over every key, True for real tokens.
 
         With a cache, this layer's new keys/values are stored in it and the queries attend over all
-        keys so far (Tk = cached + T); without one, Tk = T.
+        keys so far (Tk = cached + T); without one, Tk = T. rotary: RoPE's (cos, sin) for the T new
+        positions, or None.
         """
         B, T, _ = x.shape
-        q, k, v = self.project_qkv(x)  # (B, H, T, d_k)
+        q, k, v = self.project_qkv(x, rotary)  # (B, H, T, d_k), (B, H_kv, T, d_k)
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, Tk, d_k)
+            k, v = cache.update(k, v)  # (B, H_kv, Tk, d_k)
         y = self.attend(q, k, v, padding_mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
         return self.resid_dropout(self.out_proj(y))

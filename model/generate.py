@@ -7,10 +7,15 @@ context (the reference the cache is tested against, token for token).
 Batches of prompts of different lengths are padded on the left (`pad_prompts`); positions count
 from each row's first real token, so every row gets exactly the tokens it would get alone.
 
-Past block_size: the model only ever conditions on the last `block_size` tokens, at positions
-0..block_size-1, as if that window were the whole text (nanoGPT's cropping). Both paths do the same:
-once the cache is full, each further step re-prefills the window of the last block_size tokens, so
-tokens beyond block_size cost as much as uncached decoding but are exactly the same tokens.
+Past the context: the model only ever conditions on the last `context_length` tokens (default
+block_size), at positions 0..context_length-1, as if that window were the whole text (nanoGPT's
+cropping). Both paths do the same: once the cache is full, each further step re-prefills the window
+of the last context_length tokens, so tokens beyond it cost as much as uncached decoding but are
+exactly the same tokens. Learned positions end at block_size, so that is also their limit;
+sinusoidal and rotary positions are defined everywhere, so those models may take a context_length
+beyond the block_size they were trained on. That runs, and the cache is sized for it, but a model
+has never seen those positions (RoPE: those rotation angles) in training, and its loss there is
+usually worse than with the cropped window: measure before relying on it.
 """
 
 from collections.abc import Iterator
@@ -40,6 +45,19 @@ def pad_prompts(
     return idx.to(device), padding_mask.to(device)
 
 
+def check_context_length(model: "GPT", context_length: int | None) -> int:
+    """The context to generate with: block_size by default; learned positions allow no more."""
+    if context_length is None:
+        return model.config.block_size
+    limit = model.max_context()
+    if context_length < 1 or (limit is not None and context_length > limit):
+        raise ValueError(
+            f"context_length={context_length} is invalid; it must be >= 1 and, with learned positions, "
+            f"<= block_size ({model.config.block_size})"
+        )
+    return context_length
+
+
 @torch.no_grad()
 def stream(
     model: "GPT",
@@ -52,32 +70,34 @@ def stream(
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
     padding_mask: Tensor | None = None,
+    context_length: int | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,), for up to max_new_tokens steps.
 
     Stops early once every row has produced `stop_token`; a row that stopped before the others
     keeps yielding `stop_token`. The model should be in eval mode (dropout would differ per call).
+    context_length: the most tokens each step conditions on; None = the model's block_size.
     """
     check_sampling_args(temperature, top_k, top_p)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} is invalid; it must be >= 0")
+    context = check_context_length(model, context_length)
     B, T = idx.shape
-    block_size = model.config.block_size
-    # Every token so far, so a full cache can re-prefill from the last block_size of them.
+    # Every token so far, so a full cache can re-prefill from the last `context` of them.
     tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
     tokens[:, :T] = idx
     real = None
     if padding_mask is not None:
         real = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=idx.device)
         real[:, :T] = padding_mask
-    cache = model.new_cache(B, min(block_size, T + max_new_tokens)) if use_cache else None
+    cache = model.new_cache(B, min(context, T + max_new_tokens)) if use_cache else None
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     length = T
     for step in range(max_new_tokens):
         if cache is not None and step > 0 and cache.length < cache.max_length:
             logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True)  # decode one token
-        else:  # (re-)prefill the window of the last block_size tokens
-            start = max(0, length - block_size)
+        else:  # (re-)prefill the window of the last `context` tokens
+            start = max(0, length - context)
             window_mask = real[:, start:length] if real is not None else None
             if cache is not None:
                 cache.reset()
@@ -104,11 +124,11 @@ def generate(
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
     padding_mask: Tensor | None = None,
+    context_length: int | None = None,
 ) -> Tensor:
     """The prompt (B, T) followed by the new tokens (B, n), n <= max_new_tokens (fewer after stop_token)."""
-    new = list(
-        stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask)
-    )
+    settings = (temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask, context_length)
+    new = list(stream(model, idx, max_new_tokens, *settings))
     if not new:
         return idx
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1)

@@ -1,5 +1,9 @@
 """A GPT-style decoder-only language model (Radford et al. 2019, "Language Models are Unsupervised
-Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head."""
+Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head.
+
+The defaults are GPT-2's; the config can swap the positions (sinusoidal, RoPE: model/position.py),
+share key/value heads (GQA/MQA) and normalise queries and keys (model/attention.py).
+"""
 
 import math
 from dataclasses import dataclass
@@ -11,12 +15,13 @@ from model import generate as generation
 from model.attention import BACKENDS
 from model.block import Block
 from model.kv_cache import KVCache, token_positions
+from model.position import POS_ENCODINGS, RotaryEmbedding, SinusoidalPositions
 
 
 @dataclass
 class GPTConfig:
     vocab_size: int | None = None  # None: taken from the tokenizer of the data
-    block_size: int = 256  # longest sequence the position table covers
+    block_size: int = 256  # training context; the longest sequence learned positions cover
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 256
@@ -25,10 +30,18 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     attn_backend: str = "sdpa"  # "explicit" (the equation) or "sdpa" (fused)
+    pos_encoding: str = "learned"  # "learned" (GPT-2), "sinusoidal" (fixed table) or "rope" (rotary)
+    rope_base: float = 10000.0  # RoPE's base: angle of channel pair i is pos * rope_base^(-2i/d_k)
+    n_kv_head: int | None = None  # key/value heads (GQA; 1 = MQA); None: n_head (plain multi-head)
+    qk_norm: bool = False  # RMSNorm each query and key head before QK^T
 
     @property
     def head_dim(self) -> int:
         return self.d_k if self.d_k is not None else self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
 
     @property
     def ff_dim(self) -> int:
@@ -57,6 +70,20 @@ class GPTConfig:
             raise ValueError(
                 f"model.attn_backend={self.attn_backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
             )
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise ValueError(
+                f"model.pos_encoding={self.pos_encoding!r} is unknown; choose one of: {', '.join(POS_ENCODINGS)}"
+            )
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
+            )
+        if not self.rope_base > 1.0:
+            raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1")
+        if self.n_kv_head is not None and self.n_kv_head < 1:
+            raise ValueError(f"model.n_kv_head={self.n_kv_head} is invalid; it must be >= 1 (or null for n_head)")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head})")
 
 
 class GPT(nn.Module):
@@ -67,7 +94,15 @@ class GPT(nn.Module):
             raise ValueError("model.vocab_size is not set; it comes from the tokenizer of the data")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        # Added to the token embeddings (learned, sinusoidal), or rotating Q and K in every layer (rope).
+        self.pos_emb: nn.Module | None = None
+        self.rotary: RotaryEmbedding | None = None
+        if config.pos_encoding == "learned":
+            self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        elif config.pos_encoding == "sinusoidal":
+            self.pos_emb = SinusoidalPositions(config.d_model)
+        else:
+            self.rotary = RotaryEmbedding(config.head_dim, config.rope_base)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             Block(
@@ -78,6 +113,8 @@ class GPT(nn.Module):
                 config.dropout,
                 config.bias,
                 config.attn_backend,
+                config.n_kv_head,
+                config.qk_norm,
             )
             for _ in range(config.n_layer)
         )
@@ -89,7 +126,8 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, all in one place.
 
-        Linear and embedding weights ~ N(0, 0.02), biases 0, LayerNorm affine (1, 0). The two
+        Linear and embedding weights ~ N(0, 0.02), biases 0, LayerNorm affine (1, 0), the RMSNorm
+        gains of QK-norm 1 (so it starts as a pure normalisation). The two
         projections that write into the residual stream (attention W_O, MLP down) get std
         0.02 / sqrt(2 * n_layer): each block adds two such terms, so this keeps the variance of the
         residual stream from growing with depth.
@@ -103,7 +141,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
 
     def forward(
@@ -120,10 +158,13 @@ class GPT(nn.Module):
         token. Positions count from each row's first real token. cache: a KVCache from new_cache();
         idx then continues the cached tokens, whose keys/values are reused and extended. last_only:
         logits for the last position only, (B, 1, vocab), which is all sampling needs.
+
+        Learned positions end at block_size; sinusoidal and rotary ones take any length (how well a
+        model does past the context it was trained on is another matter: see model/generate.py).
         """
         T = idx.shape[1]
         cached = cache.length if cache is not None else 0
-        if cached + T > self.config.block_size:
+        if cached + T > self.config.block_size and self.config.pos_encoding == "learned":
             what = f"{cached} cached + {T} new tokens" if cache is not None else f"sequence length {T}"
             raise ValueError(f"{what} exceeds the model's block_size {self.config.block_size}")
         if cache is None:
@@ -132,9 +173,9 @@ class GPT(nn.Module):
         else:  # the cache owns positions and the padding of every cached slot
             positions, padding_mask = cache.reserve(T, padding_mask)
             layer_caches = cache.layers
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (B, T, d_model)
+        x, rotary = self.embed(idx, positions)  # (B, T, d_model)
         for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
-            x = block(x, padding_mask, layer_cache)
+            x = block(x, padding_mask, layer_cache, rotary)
         if last_only:
             assert targets is None, "last_only is for sampling; a loss needs every position"
             x = x[:, -1:]
@@ -144,35 +185,56 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
+    def embed(self, idx: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None."""
+        x = self.tok_emb(idx)
+        if isinstance(self.pos_emb, SinusoidalPositions):
+            # The paper scales token embeddings by sqrt(d_model) (section 3.4); without it the fixed
+            # table (amplitude 1) would drown GPT-2-initialised ones (std 0.02) and slow learning.
+            x = x * math.sqrt(self.config.d_model) + self.pos_emb(positions).to(x.dtype)  # table is float32
+        elif self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        rotary = self.rotary(positions) if self.rotary is not None else None
+        return self.drop(x), rotary
+
+    def max_context(self) -> int | None:
+        """The longest sequence this model can take: block_size for learned positions, else None (any)."""
+        return self.config.block_size if self.config.pos_encoding == "learned" else None
+
     def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
-        """An empty KV cache for this model: batch_size rows of up to max_length (<= block_size) tokens."""
+        """An empty KV cache: batch_size rows of up to max_length tokens (default block_size; learned
+        positions allow no more), keeping n_kv_head heads per layer."""
         c = self.config
         max_length = max_length or c.block_size
-        if not 1 <= max_length <= c.block_size:
+        limit = self.max_context()
+        if max_length < 1 or (limit is not None and max_length > limit):
             raise ValueError(f"KV cache length {max_length} must be in [1, block_size={c.block_size}]")
         weight = self.tok_emb.weight
-        return KVCache(c.n_layer, batch_size, c.n_head, max_length, c.head_dim, weight.device, weight.dtype)
+        return KVCache(c.n_layer, batch_size, c.kv_heads, max_length, c.head_dim, weight.device, weight.dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (the tied head counted once); optionally without the embedding tables."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+            n -= sum(p.numel() for p in self.tok_emb.parameters())
+            n -= sum(p.numel() for p in self.pos_emb.parameters()) if self.pos_emb is not None else 0
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
 
-        Per layer, forward: 2 * d_model * (3 H d_k) for Q, K, V; 2 * (H d_k) * d_model for W_O;
-        2 * 2 * d_model * d_ff for the MLP; and 2 * 2 * T * H * d_k for QK^T and AV over a context
-        of T. Plus 2 * d_model * vocab for the LM head. This uses H * d_k, not d_model, so it stays
-        right when d_k != d_model / n_head. Attention counts the full T x T like the PaLM paper's
-        MFU, although a causal kernel may skip the masked half.
+        Per layer, forward: 2 * d_model * (H + 2 H_kv) d_k for Q, K, V; 2 * (H d_k) * d_model for
+        W_O; 2 * 2 * d_model * d_ff for the MLP; and 2 * 2 * T * H * d_k for QK^T and AV over a
+        context of T (every query head still attends, so GQA saves only on the K, V projections).
+        Plus 2 * d_model * vocab for the LM head. This uses H * d_k, not d_model, so it stays right
+        when d_k != d_model / n_head. Attention counts the full T x T like the PaLM paper's MFU,
+        although a causal kernel may skip the masked half. Norms and RoPE are not matmuls.
         """
         c = self.config
         T = seq_len or c.block_size
         hd = c.n_head * c.head_dim
-        per_layer = 2 * c.d_model * 3 * hd + 2 * hd * c.d_model + 4 * c.d_model * c.ff_dim + 4 * T * hd
+        qkv = (c.n_head + 2 * c.kv_heads) * c.head_dim
+        per_layer = 2 * c.d_model * qkv + 2 * hd * c.d_model + 4 * c.d_model * c.ff_dim + 4 * T * hd
         forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
         return 3 * forward
 

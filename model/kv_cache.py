@@ -81,6 +81,11 @@ class KVCache:
         self.length = 0  # slots filled (the same for every row)
         self.padded = False  # any padding so far; without it attention needs no padding mask
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the key/value buffers: 2 * n_layer * B * n_kv_head * max_length * d_k * itemsize."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+
     def reset(self) -> None:
         """Forget every token (the buffers are reused, not freed)."""
         self.real.fill_(True)

@@ -4,6 +4,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from training.config import register_configs
@@ -72,3 +73,14 @@ def session_cache(tmp_path_factory):
     patch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("attnlab_cache")))
     yield
     patch.undo()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a busy 2-core machine OpenMP spin-waits made
+    modules of many tiny forward passes 10-50x slower with two; one thread keeps them at seconds.
+    Use per module: `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

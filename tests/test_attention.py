@@ -16,12 +16,13 @@ from model.attention import (
 )
 
 
-def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0):
+def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0, H_kv=None):
     g = torch.Generator().manual_seed(seed)
+    H_kv = H_kv or H
     return (
         torch.randn(B, H, Tq, D, generator=g),
-        torch.randn(B, H, Tk, D, generator=g),
-        torch.randn(B, H, Tk, D, generator=g),
+        torch.randn(B, H_kv, Tk, D, generator=g),
+        torch.randn(B, H_kv, Tk, D, generator=g),
     )
 
 
@@ -118,8 +119,9 @@ def test_weights_rows_sum_to_one_and_vanish_above_diagonal():
 
 @pytest.mark.parametrize("Tq,Tk", [(5, 5), (1, 9), (3, 9)])
 @pytest.mark.parametrize("with_padding", [False, True])
-def test_fused_backend_matches_explicit(Tq, Tk, with_padding):
-    q, k, v = qkv(Tq=Tq, Tk=Tk, D=16)
+@pytest.mark.parametrize("H_kv", [6, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_fused_backend_matches_explicit(Tq, Tk, with_padding, H_kv):
+    q, k, v = qkv(H=6, Tq=Tq, Tk=Tk, D=16, H_kv=H_kv)
     mask = build_aligned_causal_mask(Tq, Tk)
     if with_padding:
         pad = torch.ones(2, Tk, dtype=torch.bool)
@@ -130,11 +132,12 @@ def test_fused_backend_matches_explicit(Tq, Tk, with_padding):
     assert (explicit - fused).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("n_head,d_k", [(4, None), (3, 10), (2, 40), (8, 4)])
-def test_module_backends_agree(n_head, d_k):
+@pytest.mark.parametrize("n_kv_head,qk_norm", [(None, False), (2, False), (1, False), (None, True), (2, True)])
+@pytest.mark.parametrize("n_head,d_k", [(4, None), (2, 40), (8, 4)])
+def test_module_backends_agree(n_head, d_k, n_kv_head, qk_norm):
     torch.manual_seed(0)
-    explicit = CausalSelfAttention(48, n_head, d_k, backend="explicit")
-    fused = CausalSelfAttention(48, n_head, d_k, backend="sdpa")
+    explicit = CausalSelfAttention(48, n_head, d_k, backend="explicit", n_kv_head=n_kv_head, qk_norm=qk_norm)
+    fused = CausalSelfAttention(48, n_head, d_k, backend="sdpa", n_kv_head=n_kv_head, qk_norm=qk_norm)
     fused.load_state_dict(explicit.state_dict())
     x = torch.randn(2, 11, 48)
     assert (explicit(x) - fused(x)).abs().max().item() < 1e-5
@@ -148,6 +151,21 @@ def test_module_n_head_and_d_k_are_independent():
     assert attn.qkv_proj.weight.shape == (3 * 6 * 5, 32)
     assert attn.out_proj.weight.shape == (32, 6 * 5)
     assert CausalSelfAttention(d_model=32, n_head=4).d_k == 8
+
+
+def test_grouped_query_projection_shapes():
+    attn = CausalSelfAttention(d_model=32, n_head=6, d_k=5, n_kv_head=2)
+    assert attn.qkv_proj.weight.shape == ((6 + 2 * 2) * 5, 32)  # W_Q: 6 heads, W_K and W_V: 2 each
+    q, k, v = attn.project_qkv(torch.randn(3, 7, 32))
+    assert q.shape == (3, 6, 7, 5) and k.shape == v.shape == (3, 2, 7, 5)
+    with pytest.raises(ValueError, match=r"n_kv_head \(4\) must divide n_head \(6\)"):
+        CausalSelfAttention(d_model=32, n_head=6, n_kv_head=4)
+
+
+def test_query_heads_must_be_a_multiple_of_key_value_heads():
+    q, k, v = qkv(H=6, H_kv=4)
+    with pytest.raises(ValueError, match="6 query heads cannot share 4 key / 4 value heads"):
+        scaled_dot_product_attention(q, k, v)
 
 
 def test_module_rejects_unknown_backend():

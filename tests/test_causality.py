@@ -1,19 +1,34 @@
-"""No position ever sees a future token: proofs by perturbation, by gradient and by the weights."""
+"""No position ever sees a future token: proofs by perturbation, by gradient and by the weights,
+for every attention/position variant (tests/variants.py)."""
 
 import pytest
 import torch
 
 from model import GPT, GPTConfig
 from model.attention import attention_weights, build_causal_mask
+from model.kv_cache import token_positions
+from tests.variants import VARIANTS, variant_cases
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB, T = 50, 16
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24), (2, 5)]
+CASES = variant_cases(HEAD_GRID)
 
 
-def make_model(backend: str, n_head: int, d_k: int | None) -> GPT:
+def make_model(backend: str, n_head: int, d_k: int | None, variant: str = "learned") -> GPT:
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=VOCAB, block_size=T, n_layer=2, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend)
+    cfg = GPTConfig(
+        vocab_size=VOCAB,
+        block_size=T,
+        n_layer=2,
+        n_head=n_head,
+        d_model=48,
+        d_k=d_k,
+        attn_backend=backend,
+        **VARIANTS[variant],
+    )
     return GPT(cfg).eval()
 
 
@@ -27,9 +42,9 @@ def logits_through_cache(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("through_cache", [False, True])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
-@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k, through_cache):
-    model = make_model(backend, n_head, d_k)
+@pytest.mark.parametrize("variant,n_head,d_k", CASES)
+def test_changing_a_future_token_leaves_the_past_unchanged(backend, variant, n_head, d_k, through_cache):
+    model = make_model(backend, n_head, d_k, variant)
     run = (lambda idx: logits_through_cache(model, idx)) if through_cache else (lambda idx: model(idx)[0])
     idx = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -45,9 +60,9 @@ def test_changing_a_future_token_leaves_the_past_unchanged(backend, n_head, d_k,
 
 @pytest.mark.parametrize("through_cache", [False, True])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
-@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k, through_cache):
-    model = make_model(backend, n_head, d_k)
+@pytest.mark.parametrize("variant,n_head,d_k", CASES)
+def test_gradient_from_the_future_is_exactly_zero(backend, variant, n_head, d_k, through_cache):
+    model = make_model(backend, n_head, d_k, variant)
     captured = {}
 
     def keep_embedding(_module, _inputs, output):
@@ -65,15 +80,15 @@ def test_gradient_from_the_future_is_exactly_zero(backend, n_head, d_k, through_
         assert grad[: i + 1].abs().sum(-1).gt(0).all(), "every earlier input should influence output i"
 
 
-@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_model_attention_weights_are_causal_distributions(n_head, d_k):
-    model = make_model("explicit", n_head, d_k)
-    x = model.tok_emb(torch.randint(0, VOCAB, (2, T))) + model.pos_emb(torch.arange(T))
+@pytest.mark.parametrize("variant,n_head,d_k", CASES)
+def test_model_attention_weights_are_causal_distributions(variant, n_head, d_k):
+    model = make_model("explicit", n_head, d_k, variant)
+    x, rotary = model.embed(torch.randint(0, VOCAB, (2, T)), token_positions(T))
     for block in model.blocks:
-        q, k, _ = block.attn.project_qkv(block.ln_1(x))
+        q, k, _ = block.attn.project_qkv(block.ln_1(x), rotary)
         w = attention_weights(q, k, build_causal_mask(T))  # (B, H, T, T)
         assert w.shape == (2, n_head, T, T)
         above = torch.ones(T, T, dtype=torch.bool).triu(1)
         assert (w[..., above] == 0).all()
         torch.testing.assert_close(w.sum(-1), torch.ones(2, n_head, T))
-        x = block(x)
+        x = block(x, rotary=rotary)

@@ -1,4 +1,5 @@
-"""Cached decoding computes what full recomputation computes: logits at every step, tokens, padding."""
+"""Cached decoding computes what full recomputation computes: logits at every step, tokens, padding,
+for every attention/position variant (tests/variants.py)."""
 
 import pytest
 import torch
@@ -6,27 +7,34 @@ import torch
 from model import GPT, GPTConfig
 from model.generate import pad_prompts
 from model.kv_cache import KVCache, token_positions
+from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases
 
 VOCAB = 64
 BACKENDS = ["explicit", "sdpa"]
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
+ALL_VARIANTS = pytest.mark.parametrize("variant", list(VARIANTS))
+# GPT-2 runs the long checks (200+ positions); the variants share its code paths for length and run
+# shorter ones, which keeps this module at seconds.
+LONG, SHORT = 210, 60
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a busy 2-core machine OpenMP spin-waits made
-    this module 10-50x slower with two; one thread keeps it at seconds anywhere."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make_model(backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256) -> GPT:
+def make_model(
+    backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256, variant: str = "learned"
+) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(
-        vocab_size=VOCAB, block_size=block_size, n_layer=2, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend
+        vocab_size=VOCAB,
+        block_size=block_size,
+        n_layer=2,
+        n_head=n_head,
+        d_model=48,
+        d_k=d_k,
+        attn_backend=backend,
+        **VARIANTS[variant],
     )
     model = GPT(cfg).eval()
     # GPT-2's init gives near-uniform logits; wider weights make the argmax decisive, so a greedy
@@ -43,10 +51,10 @@ def prompt(B: int, T: int, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
-def test_cached_logits_equal_recomputed_logits_at_every_step(backend, n_head, d_k):
-    model = make_model(backend, n_head, d_k)
-    steps = 210
+@pytest.mark.parametrize("variant,n_head,d_k", variant_cases(HEAD_GRID))
+def test_cached_logits_equal_recomputed_logits_at_every_step(backend, variant, n_head, d_k):
+    model = make_model(backend, n_head, d_k, variant=variant)
+    steps = LONG if variant == "learned" else SHORT
     tokens = prompt(2, 6)
     cache = model.new_cache(2, tokens.shape[1] + steps)
     sampler = torch.Generator().manual_seed(3)  # sampled, not greedy: a random model's argmax soon loops
@@ -61,22 +69,25 @@ def test_cached_logits_equal_recomputed_logits_at_every_step(backend, n_head, d_
             tokens = torch.cat([tokens, next_id], dim=1)
             logits, _ = model(next_id, cache=cache)  # decode one token
     assert cache.length == tokens.shape[1]
-    assert len(set(tokens[0, 6:].tolist())) > VOCAB // 2, "the test should cover many different tokens"
+    assert len(set(tokens[0, 6:].tolist())) > min(VOCAB, steps) // 3, "the test should cover many different tokens"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_generate_cached_equals_uncached_for_200_greedy_tokens(backend):
-    model = make_model(backend, 3, 10)
+@ALL_VARIANTS
+def test_generate_cached_equals_uncached_for_greedy_tokens(backend, variant):
+    model = make_model(backend, *VARIANT_HEADS, variant=variant)
     idx = prompt(2, 5)
-    cached = model.generate(idx, 220, temperature=0, use_cache=True)
-    uncached = model.generate(idx, 220, temperature=0, use_cache=False)
-    assert cached.shape == (2, 225)
+    n = LONG if variant == "learned" else SHORT
+    cached = model.generate(idx, n, temperature=0, use_cache=True)
+    uncached = model.generate(idx, n, temperature=0, use_cache=False)
+    assert cached.shape == (2, 5 + n)
     assert torch.equal(cached, uncached)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_chunked_prefill_equals_one_shot_prefill(backend):
-    model = make_model(backend, 3, 10)
+@ALL_VARIANTS
+def test_chunked_prefill_equals_one_shot_prefill(backend, variant):
+    model = make_model(backend, *VARIANT_HEADS, variant=variant)
     tokens = prompt(2, 30)
     one_shot, chunked = model.new_cache(2, 40), model.new_cache(2, 40)
     with torch.no_grad():
@@ -94,8 +105,9 @@ def test_chunked_prefill_equals_one_shot_prefill(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_padded_batch_equals_each_prompt_alone(backend, use_cache):
-    model = make_model(backend, 3, 10)
+@ALL_VARIANTS
+def test_padded_batch_equals_each_prompt_alone(backend, use_cache, variant):
+    model = make_model(backend, *VARIANT_HEADS, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (3, 11, 6)]
     idx, padding_mask = pad_prompts(prompts, pad_id=VOCAB - 1)
     batched = model.generate(idx, 40, temperature=0, use_cache=use_cache, padding_mask=padding_mask)
@@ -105,8 +117,9 @@ def test_padded_batch_equals_each_prompt_alone(backend, use_cache):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_padded_prefill_logits_equal_each_prompt_alone(backend):
-    model = make_model(backend, 4, None)
+@ALL_VARIANTS
+def test_padded_prefill_logits_equal_each_prompt_alone(backend, variant):
+    model = make_model(backend, *VARIANT_HEADS, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (2, 9)]
     idx, padding_mask = pad_prompts(prompts)
     with torch.no_grad():
@@ -117,8 +130,9 @@ def test_padded_prefill_logits_equal_each_prompt_alone(backend):
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache):
-    model = make_model("sdpa", 4, None, block_size=16)
+@ALL_VARIANTS
+def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache, variant):
+    model = make_model("sdpa", *VARIANT_HEADS, block_size=16, variant=variant)
     idx = prompt(1, 5)
     out = model.generate(idx, 40, temperature=0, use_cache=use_cache)
     assert out.shape == (1, 45)
@@ -128,8 +142,9 @@ def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache):
             assert out[0, length].item() == logits[0, -1].argmax().item(), f"token {length} differs"
 
 
-def test_prompt_longer_than_block_size_and_padded_batch_past_block_size():
-    model = make_model("explicit", 3, 10, block_size=16)
+@ALL_VARIANTS
+def test_prompt_longer_than_block_size_and_padded_batch_past_block_size(variant):
+    model = make_model("explicit", *VARIANT_HEADS, block_size=16, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (4, 21)]
     idx, padding_mask = pad_prompts(prompts)
     batched = model.generate(idx, 25, temperature=0, padding_mask=padding_mask)

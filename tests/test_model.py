@@ -61,30 +61,53 @@ def test_residual_projections_get_scaled_init():
         assert block.attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
-def hand_count(V, T, L, H, dk, D, F, bias):
-    per_layer = D * 3 * H * dk + H * dk * D + D * F + F * D  # weights
+def hand_count(V, T, L, H, dk, D, F, bias, H_kv=None, qk_norm=False, learned_positions=True):
+    H_kv = H_kv or H
+    qkv = (H + 2 * H_kv) * dk  # W_Q has H heads, W_K and W_V have H_kv each
+    per_layer = D * qkv + H * dk * D + D * F + F * D  # weights
     per_layer += 2 * D * 2 if bias else 2 * D  # two LayerNorms (gain [+ bias])
     if bias:
-        per_layer += 3 * H * dk + D + F + D
-    return V * D + T * D + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
+        per_layer += qkv + D + F + D
+    if qk_norm:
+        per_layer += 2 * dk  # an RMSNorm gain over d_k for Q and one for K
+    positions = T * D if learned_positions else 0  # sinusoidal and RoPE have no parameters
+    return V * D + positions + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
 
 
-@pytest.mark.parametrize("n_head,d_k,bias", [(4, None, False), (3, 10, False), (8, 32, True), (2, 7, True)])
-def test_parameter_count_matches_hand_computation(n_head, d_k, bias):
-    cfg = tiny(n_head=n_head, d_k=d_k, bias=bias, d_model=48, n_layer=3)
+@pytest.mark.parametrize(
+    "n_head,d_k,bias,variant",
+    [
+        (4, None, False, {}),
+        (3, 10, False, {}),
+        (8, 32, True, {}),
+        (2, 7, True, {}),
+        (8, 32, True, {"n_kv_head": 2}),
+        (6, 10, False, {"n_kv_head": 1, "qk_norm": True}),
+        (4, None, True, {"pos_encoding": "rope", "n_kv_head": 2}),
+        (3, 10, False, {"pos_encoding": "sinusoidal", "qk_norm": True}),
+    ],
+)
+def test_parameter_count_matches_hand_computation(n_head, d_k, bias, variant):
+    cfg = tiny(n_head=n_head, d_k=d_k, bias=bias, d_model=48, n_layer=3, **variant)
     model = GPT(cfg)
     dk = d_k or 48 // n_head
-    assert model.num_params() == hand_count(64, 16, 3, n_head, dk, 48, 4 * 48, bias)
-    assert model.num_params(exclude_embeddings=True) == model.num_params() - 64 * 48 - 16 * 48
+    learned = variant.get("pos_encoding", "learned") == "learned"
+    expected = hand_count(
+        64, 16, 3, n_head, dk, 48, 4 * 48, bias, variant.get("n_kv_head"), variant.get("qk_norm", False), learned
+    )
+    assert model.num_params() == expected
+    position_table = 16 * 48 if learned else 0
+    assert model.num_params(exclude_embeddings=True) == model.num_params() - 64 * 48 - position_table
 
 
-@pytest.mark.parametrize("n_head,d_k", [(4, None), (3, 10), (8, 32)])
-def test_flops_per_token_matches_hand_computation(n_head, d_k):
-    cfg = tiny(n_head=n_head, d_k=d_k, d_model=48, n_layer=3, block_size=20)
+@pytest.mark.parametrize("n_head,d_k,n_kv_head", [(4, None, None), (3, 10, None), (8, 32, None), (8, 32, 2), (6, 8, 1)])
+def test_flops_per_token_matches_hand_computation(n_head, d_k, n_kv_head):
+    cfg = tiny(n_head=n_head, d_k=d_k, d_model=48, n_layer=3, block_size=20, n_kv_head=n_kv_head)
     dk = d_k or 48 // n_head
     HD = n_head * dk
+    QKV = (n_head + 2 * (n_kv_head or n_head)) * dk  # GQA: fewer key/value heads to project
     # forward per token: QKV, W_O, MLP up+down, QK^T and AV over 20 positions, then the LM head
-    forward = 3 * (2 * 48 * 3 * HD + 2 * HD * 48 + 2 * 2 * 48 * 192 + 2 * 2 * 20 * HD) + 2 * 48 * 64
+    forward = 3 * (2 * 48 * QKV + 2 * HD * 48 + 2 * 2 * 48 * 192 + 2 * 2 * 20 * HD) + 2 * 48 * 64
     assert GPT(cfg).flops_per_token() == 3 * forward
     assert GPT(cfg).flops_per_token(seq_len=10) < 3 * forward
 
@@ -99,6 +122,13 @@ def test_flops_per_token_matches_hand_computation(n_head, d_k):
         ({"dropout": 1.0}, r"model.dropout=1.0 is invalid; it must be in \[0, 1\)"),
         ({"attn_backend": "flash"}, r"model.attn_backend='flash' is unknown; choose one of: explicit, sdpa"),
         ({"block_size": 0}, r"model.block_size=0 is invalid"),
+        ({"pos_encoding": "alibi"}, r"model.pos_encoding='alibi' is unknown; choose one of: learned, sinusoidal, rope"),
+        ({"pos_encoding": "rope", "n_head": 2, "d_k": 5}, r"the head dim \(5\) must be even"),
+        ({"pos_encoding": "rope", "d_model": 30, "n_head": 2}, r"the head dim \(15\) must be even"),
+        ({"rope_base": 1.0}, r"model.rope_base=1.0 is invalid; it must be > 1"),
+        ({"n_kv_head": 0}, r"model.n_kv_head=0 is invalid; it must be >= 1"),
+        ({"n_head": 8, "n_kv_head": 3}, r"model.n_kv_head \(3\) must divide model.n_head \(8\)"),
+        ({"n_head": 2, "n_kv_head": 4}, r"model.n_kv_head \(4\) must divide model.n_head \(2\)"),
     ],
 )
 def test_invalid_config_is_refused_with_a_message(overrides, message):

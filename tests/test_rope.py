@@ -1,0 +1,114 @@
+"""RoPE: the rotation itself, scores that depend only on the offset between positions, explicit ==
+sdpa, and generation with more context than the trained block_size."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.attention import CausalSelfAttention
+from model.generate import pad_prompts
+from model.position import RotaryEmbedding, apply_rotary
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 40
+
+
+def rope_model(backend: str = "sdpa", pos_encoding: str = "rope") -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB,
+        block_size=16,
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        pos_encoding=pos_encoding,
+        attn_backend=backend,
+    )
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # decisive logits, so greedy comparisons test the math, not near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+def rotate(x: torch.Tensor, position: int, base: float = 10000.0) -> torch.Tensor:
+    """x (..., D) as one head of one token at `position`."""
+    rotary = RotaryEmbedding(x.shape[-1], base)(torch.tensor([[position]]))
+    return apply_rotary(x.view(1, 1, 1, -1), rotary).flatten()
+
+
+def test_rotation_of_each_channel_pair_is_by_position_times_its_frequency():
+    d, base, pos = 8, 100.0, 3
+    for i in range(d // 2):  # the unit vector in channel i lands at (cos, sin) in channels (i, i + d/2)
+        x = torch.zeros(d)
+        x[i] = 1.0
+        angle = pos * base ** (-2 * i / d)
+        expected = torch.zeros(d)
+        expected[i], expected[i + d // 2] = math.cos(angle), math.sin(angle)
+        torch.testing.assert_close(rotate(x, pos, base), expected)
+    x = torch.randn(d)
+    torch.testing.assert_close(rotate(x, 0), x)  # position 0 is the identity
+    torch.testing.assert_close(rotate(x, 1234).norm(), x.norm())  # a rotation keeps lengths
+
+
+def test_scores_depend_only_on_the_offset_between_positions():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    for offset in (0, 1, 5, 40):
+        scores = [rotate(q, m + offset) @ rotate(k, m) for m in (0, 7, 100, 1000)]
+        for s in scores[1:]:
+            assert s.item() == pytest.approx(scores[0].item(), abs=1e-4), f"offset {offset}"
+    # ...and the offset does matter, so the property is not vacuous
+    assert abs((rotate(q, 3) @ rotate(k, 0)).item() - (rotate(q, 9) @ rotate(k, 0)).item()) > 1e-2
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("n_kv_head,qk_norm", [(None, False), (2, True)])
+def test_attention_output_is_unchanged_by_shifting_every_position(backend, n_kv_head, qk_norm):
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 4, backend=backend, n_kv_head=n_kv_head, qk_norm=qk_norm).eval()
+    rope = RotaryEmbedding(attn.d_k)
+    x = torch.randn(2, 9, 32)
+    positions = torch.arange(9)[None]
+    base = attn(x, rotary=rope(positions))
+    torch.testing.assert_close(attn(x, rotary=rope(positions + 500)), base, atol=1e-4, rtol=0)
+    assert (attn(x, rotary=rope(positions * 2)) - base).abs().max() > 1e-3, "positions should matter"
+
+
+def test_explicit_and_sdpa_give_the_same_logits():
+    explicit, sdpa = rope_model("explicit"), rope_model("sdpa")
+    sdpa.load_state_dict(explicit.state_dict())
+    prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (16, 5)]
+    idx, padding_mask = pad_prompts(prompts)
+    with torch.no_grad():
+        torch.testing.assert_close(explicit(idx)[0], sdpa(idx)[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            explicit(idx, padding_mask=padding_mask)[0], sdpa(idx, padding_mask=padding_mask)[0], atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "sinusoidal"])
+def test_context_beyond_block_size_is_allowed_and_cached_equals_uncached(pos_encoding):
+    model = rope_model(pos_encoding=pos_encoding)
+    idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+    cached = model.generate(idx, 36, temperature=0, context_length=40)
+    uncached = model.generate(idx, 36, temperature=0, context_length=40, use_cache=False)
+    assert torch.equal(cached, uncached)
+    with torch.no_grad():  # the last token saw all 39 before it, at positions past block_size
+        logits, _ = model(cached[:, :-1])
+    assert torch.equal(logits[:, -1].argmax(-1), cached[:, -1])
+    cropped = model.generate(idx, 36, temperature=0)  # the default still crops to block_size
+    assert not torch.equal(cropped, cached)
+
+
+def test_learned_positions_refuse_context_beyond_block_size():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, d_model=16)).eval()
+    with pytest.raises(ValueError, match=r"context_length=17 is invalid; .* <= block_size \(16\)"):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, context_length=17)
+    with pytest.raises(ValueError, match="KV cache length 17 must be in"):
+        model.new_cache(1, 17)

@@ -1,0 +1,171 @@
+"""Attention and position variants: GQA/MQA semantics and cache size, QK-norm, the sinusoid table,
+mixed precision, old checkpoints, and the variant config through a real training run."""
+
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.position import SinusoidalPositions
+from tests.conftest import compose_config
+from tests.variants import VARIANT_HEADS, VARIANTS
+from training.checkpoint import load_model, save_checkpoint
+from training.config import to_train_config
+from training.trainer import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 50
+
+
+def make_model(backend: str = "sdpa", n_head: int = 6, d_k: int | None = 10, bias: bool = True, **variant) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB, block_size=24, n_layer=2, n_head=n_head, d_model=48, d_k=d_k, bias=bias, attn_backend=backend
+    )
+    for key, value in variant.items():
+        setattr(cfg, key, value)
+    return GPT(cfg).eval()
+
+
+def tokens(B: int = 2, T: int = 24, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_n_kv_head_equal_to_n_head_is_plain_multi_head_attention():
+    mha = make_model()
+    gqa = make_model(n_kv_head=6)
+    assert mha.state_dict().keys() == gqa.state_dict().keys()
+    gqa.load_state_dict(mha.state_dict())  # same layout: Q | K | V, 6 heads each
+    with torch.no_grad():
+        assert torch.equal(gqa(tokens())[0], mha(tokens())[0])
+
+
+def mha_equivalent_of(gqa: GPT) -> GPT:
+    """An MHA model whose key/value head h is GQA's key/value head h // group: the same function."""
+    mha = make_model(gqa.config.attn_backend)
+    state = gqa.state_dict()
+    H, H_kv, dk = gqa.config.n_head, gqa.config.kv_heads, gqa.config.head_dim
+    group = H // H_kv
+    for i in range(gqa.config.n_layer):
+        for kind in ("weight", "bias"):
+            name = f"blocks.{i}.attn.qkv_proj.{kind}"
+            q, k, v = state[name].split([H * dk, H_kv * dk, H_kv * dk])
+            k, v = (t.unflatten(0, (H_kv, dk)).repeat_interleave(group, 0).flatten(0, 1) for t in (k, v))
+            state[name] = torch.cat([q, k, v])
+    mha.load_state_dict(state)
+    return mha
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("n_kv_head", [3, 2, 1])
+def test_grouped_query_attention_is_mha_with_shared_key_value_heads(backend, n_kv_head):
+    gqa = make_model(backend, n_kv_head=n_kv_head)
+    mha = mha_equivalent_of(gqa)
+    with torch.no_grad():
+        torch.testing.assert_close(gqa(tokens())[0], mha(tokens())[0], atol=1e-5, rtol=0)
+        # the duplicated heads do carry different keys: dropping the sharing changes the output
+        other = make_model(backend)
+        assert (other(tokens())[0] - mha(tokens())[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("n_kv_head", [8, 4, 2, 1])
+def test_kv_cache_bytes_shrink_by_n_head_over_n_kv_head(n_kv_head):
+    model = make_model(n_head=8, d_k=6, n_kv_head=n_kv_head)
+    cache = model.new_cache(batch_size=3, max_length=20)
+    full = 2 * 2 * 3 * 8 * 20 * 6 * 4  # K and V, 2 layers, B 3, 8 heads, 20 slots, d_k 6, float32
+    assert cache.nbytes == full * n_kv_head // 8
+    assert cache.layers[0].keys.shape == (3, n_kv_head, 20, 6)
+    with torch.no_grad():  # and the smaller cache is the one decoding fills
+        model(tokens(3, 5), cache=cache)
+    assert cache.layers[1].values[:, :, :5].abs().sum() > 0
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(qk_norm):
+    model = make_model(qk_norm=qk_norm)
+    with torch.no_grad():
+        base = model(tokens())[0]
+        for block in model.blocks:  # scale W_Q and W_K (and their biases) by 10
+            q_and_k = 2 * model.config.n_head * model.config.head_dim
+            block.attn.qkv_proj.weight[:q_and_k] *= 10
+            block.attn.qkv_proj.bias[:q_and_k] *= 10
+        change = (model(tokens())[0] - base).abs().max().item()
+    if qk_norm:
+        assert change < 1e-4
+    else:
+        assert change > 1e-2
+
+
+def test_qk_norm_gives_unit_rms_heads_at_init():
+    model = make_model(qk_norm=True)
+    x = torch.randn(2, 5, 48) * 3
+    q, k, _ = model.blocks[0].attn.project_qkv(x)
+    for t in (q, k):
+        rms = t.pow(2).mean(-1).sqrt()  # per head and position
+        torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=0)
+
+
+def test_sinusoid_table_is_the_papers_formula_for_any_position():
+    table = SinusoidalPositions(6)(torch.tensor([[0, 1, 7, 1000]]))[0]  # (4, 6)
+    assert table.dtype == torch.float32 and not list(SinusoidalPositions(6).parameters())
+    for row, pos in enumerate((0, 1, 7, 1000)):
+        for i in range(3):
+            angle = pos / 10000 ** (2 * i / 6)
+            assert table[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert table[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+    odd = SinusoidalPositions(5)(torch.tensor([[3]]))
+    assert odd.shape == (1, 1, 5) and odd[0, 0, 4].item() == pytest.approx(math.sin(3 / 10000 ** (4 / 5)), abs=1e-5)
+
+
+def test_sinusoidal_model_adds_the_table_to_sqrt_d_model_scaled_token_embeddings():
+    model = make_model(pos_encoding="sinusoidal")
+    idx, positions = tokens(1, 5), torch.arange(5)[None]
+    x, rotary = model.embed(idx, positions)
+    expected = model.tok_emb(idx) * math.sqrt(48) + SinusoidalPositions(48)(positions)
+    torch.testing.assert_close(x, expected)
+    assert rotary is None and model.rotary is None
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bf16_autocast_and_bf16_weights_run_every_variant(variant):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=24, n_layer=2, n_head=VARIANT_HEADS[0], d_model=48)
+    for key, value in {"d_k": VARIANT_HEADS[1], **VARIANTS[variant]}.items():
+        setattr(cfg, key, value)
+    model = GPT(cfg).eval()
+    idx = tokens()
+    with torch.no_grad():
+        _, fp32_loss = model(idx, idx)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, bf16_loss = model(idx, idx)
+        assert bf16_loss.item() == pytest.approx(fp32_loss.item(), abs=0.05)
+        model.to(torch.bfloat16)  # the KV cache takes the weights' dtype
+        out = model.generate(idx[:, :4], 8, temperature=0)
+    assert out.shape == (2, 12) and model.new_cache(1).layers[0].keys.dtype == torch.bfloat16
+
+
+def test_checkpoint_without_the_new_fields_loads_as_gpt2(tmp_path):
+    old_fields = {"vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_k", "d_ff", "dropout", "bias"}
+    model = make_model()
+    old_config = {k: v for k, v in asdict(model.config).items() if k in old_fields | {"attn_backend"}}
+    path = save_checkpoint(tmp_path / "old.safetensors", model, None, {"config": {"model": old_config}})
+    loaded, _ = load_model(path)
+    c = loaded.config
+    assert (c.pos_encoding, c.n_kv_head, c.qk_norm) == ("learned", None, False)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens())[0], model(tokens())[0])
+
+
+def test_variant_model_config_trains_and_its_checkpoint_reloads(tiny_run_overrides, tmp_path):
+    # model=small_rope_gqa, shrunk to the tiny debug size (keeping its variant keys)
+    overrides = ["model=small_rope_gqa", *tiny_run_overrides, "model.n_head=4", "model.d_model=32"]
+    cfg = to_train_config(compose_config(overrides))
+    assert (cfg.model.pos_encoding, cfg.model.n_kv_head, cfg.model.qk_norm) == ("rope", 2, True)
+    metrics = train(cfg)
+    assert math.isfinite(metrics["val/loss"])
+    model, ckpt = load_model(tmp_path / "run" / "checkpoints" / "best.safetensors")
+    assert model.config.pos_encoding == "rope" and model.blocks[0].attn.n_kv_head == 2
+    assert ckpt.meta["config"]["model"]["qk_norm"] is True
