@@ -24,14 +24,14 @@ def attention_maps(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     was_training = model.training
     model.eval()
     idx = idx[None].to(model.tok_emb.weight.device)  # (1, T)
-    positions = torch.arange(T, device=idx.device)
-    x = model.drop(model.tok_emb(idx) + model.pos_emb(positions))  # (1, T, d_model)
+    positions = torch.arange(T, device=idx.device)[None]  # (1, T)
+    x, rotary = model.embed(idx, positions)  # (1, T, d_model), RoPE's (cos, sin) or None
     mask = build_causal_mask(T, idx.device)
     maps = []
     for block in model.blocks:
-        q, k, _ = block.attn.project_qkv(block.ln_1(x))  # (1, H, T, d_k)
+        q, k, _ = block.attn.project_qkv(block.ln_1(x), rotary)  # (1, H, T, d_k), k (1, H_kv, T, d_k)
         maps.append(attention_weights(q, k, mask)[0])  # (H, T, T)
-        x = block(x)
+        x = block(x, rotary=rotary)
     logits = model.lm_head(model.ln_f(x))[0]  # (T, vocab)
     model.train(was_training)
     return torch.stack(maps), logits

@@ -45,6 +45,7 @@ class SampleConfig:
     stream: bool = False  # print tokens as they are sampled
     stop_at_eot: bool = False  # end a sample at the tokenizer's end-of-text token
     use_cache: bool = True  # KV cache; false recomputes the context for every token (same tokens, slower)
+    context_length: int | None = None  # tokens conditioned on; null = block_size (rope/sinusoidal may go past)
     cache_dir: str = ""  # tokenizer files (GPT-2 ranks); "" = the checkpoint's data.cache_dir
 
     def validate(self) -> None:
@@ -107,6 +108,7 @@ def sample(cfg: SampleConfig, out: TextIO = sys.stdout) -> list[str]:
         "use_cache": cfg.use_cache,
         "generator": generator,
         "stop_token": tokenizer.eot_id if cfg.stop_at_eot else None,
+        "context_length": cfg.context_length,
     }
     samples = []
     for i in range(cfg.num_samples):  # one at a time, so streamed and printed samples are the same

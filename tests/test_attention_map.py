@@ -13,6 +13,7 @@ from analysis.attention import attention_maps, token_label
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from scripts.attention_map import write_attention_map
+from tests.variants import VARIANT_HEADS, VARIANTS
 from training.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,10 +22,17 @@ VOCAB, T = 40, 12
 HEAD_GRID = [(1, None), (4, None), (3, 10), (2, 5)]
 
 
-def make_model(backend: str, n_head: int, d_k: int | None, n_layer: int = 3) -> GPT:
+def make_model(backend: str, n_head: int, d_k: int | None, n_layer: int = 3, **variant) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(
-        vocab_size=VOCAB, block_size=16, n_layer=n_layer, n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend
+        vocab_size=VOCAB,
+        block_size=16,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=48,
+        d_k=d_k,
+        attn_backend=backend,
+        **variant,
     )
     return GPT(cfg).eval()
 
@@ -46,8 +54,9 @@ def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, 
 
 
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
-def test_the_walk_through_the_blocks_is_the_model(backend):
-    model = make_model(backend, 3, 10)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_walk_through_the_blocks_is_the_model(backend, variant):
+    model = make_model(backend, *VARIANT_HEADS, **VARIANTS[variant])
     idx = random_ids(1)
     _, logits = attention_maps(model, idx)
     expected, _ = model(idx[None])

@@ -91,6 +91,7 @@ def test_the_real_config_composes_to_a_sample_config():
         ({"top_p": 0.0}, ValueError, r"top_p=0.0 is invalid; it must be in \(0, 1\]"),
         ({"top_p": 1.01}, ValueError, r"top_p=1.01 is invalid; it must be in \(0, 1\]"),
         ({"num_samples": 0}, ValueError, "num_samples=0 is invalid"),
+        ({"context_length": 10_000}, ValueError, r"context_length=10000 is invalid; .* <= block_size"),
     ],
 )
 def test_bad_input_is_refused_with_a_message(checkpoint, overrides, error, message):
