@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from data.batches import sample_batch
 from data.prepare import prepare
 from model import GPT
+from model.hf_interop import to_hf_config
 from training.config import TrainConfig, register_configs
 from training.device import autocast, resolve_device
 from training.mfu import mfu, peak_flops
@@ -70,22 +71,11 @@ class MemoryMeter:
 
 
 def build_hf_gpt2(cfg: TrainConfig) -> torch.nn.Module:
-    """transformers' GPT2LMHeadModel with our model's shape, no dropout, the same attention kernel."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """transformers' GPT2LMHeadModel of our model's shape (it adds biases), no dropout, the SDPA kernel."""
+    from transformers import GPT2LMHeadModel
 
-    m = cfg.model
-    hf_cfg = GPT2Config(
-        vocab_size=m.vocab_size,
-        n_positions=m.block_size,
-        n_embd=m.d_model,
-        n_layer=m.n_layer,
-        n_head=m.n_head,
-        n_inner=m.ff_dim,
-        activation_function="gelu_new",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
+    hf_cfg = to_hf_config(cfg.model)  # refuses shapes GPT-2 cannot express (d_k != d_model / n_head, GQA, ...)
+    hf_cfg.resid_pdrop = hf_cfg.embd_pdrop = hf_cfg.attn_pdrop = 0.0
     hf_cfg._attn_implementation = "sdpa"
     return GPT2LMHeadModel(hf_cfg)
 
