@@ -64,6 +64,16 @@ def expand_kv_heads(x: Tensor, n_head: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def open_blind_rows(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(mask, has_visible): rows that see no key are opened to every key, to be zeroed afterwards.
+
+    A row that sees nothing is a softmax over all -inf = NaN (and some fused kernels return NaN for
+    it); seeing everything keeps values and gradients finite, and `* has_visible` zeroes the row.
+    """
+    has_visible = attention_mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+    return attention_mask | ~has_visible, has_visible
+
+
 def attention_weights(query: Tensor, key: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + mask), shape (B, H, Tq, Tk); rows with no visible key are zero.
 
@@ -74,10 +84,7 @@ def attention_weights(query: Tensor, key: Tensor, attention_mask: Tensor | None 
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
     if attention_mask is None:
         return scores.softmax(dim=-1)
-    # A row that sees nothing would be softmax over all -inf = NaN. Let such rows see everything
-    # (keeps values and gradients finite), then zero them after the softmax.
-    has_visible = attention_mask.any(dim=-1, keepdim=True)
-    attention_mask = attention_mask | ~has_visible
+    attention_mask, has_visible = open_blind_rows(attention_mask)
     scores = scores.masked_fill(~attention_mask, float("-inf"))  # mask before softmax
     return scores.softmax(dim=-1) * has_visible
 
@@ -210,8 +217,8 @@ class CausalSelfAttention(nn.Module):
             # A padding query may see no key at all, and some fused CUDA kernels return NaN for such a
             # row (which would poison later layers even under a zero weight). As the explicit path
             # does: let the row see every key, then zero its output.
-            has_visible = mask.any(dim=-1, keepdim=True)  # (B, 1, Tq, 1)
-            return fused_attention(q, k, v, mask | ~has_visible, dropout_p=dropout_p) * has_visible
+            mask, has_visible = open_blind_rows(mask)
+            return fused_attention(q, k, v, mask, dropout_p=dropout_p) * has_visible
         if self.backend == "sdpa":
             return fused_attention(q, k, v, mask, dropout_p=dropout_p)
         return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)

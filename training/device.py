@@ -1,11 +1,8 @@
 """Device and numeric-precision set-up, shared by training, sampling and benchmarks."""
 
 import contextlib
-import logging
 
 import torch
-
-log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 

@@ -21,8 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-log = logging.getLogger(__name__)
-
 STRATEGIES = ("ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 T = TypeVar("T")

@@ -1,14 +1,11 @@
 """Metrics sinks: a local JSONL file always, and Weights & Biases unless turned off."""
 
 import json
-import logging
 import netrc
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
