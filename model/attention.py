@@ -4,7 +4,9 @@
 
 The mask is applied to the scores *before* the softmax, so every row renormalises over the
 positions it may see. The explicit path below is the reference; the `sdpa` backend calls
-PyTorch's fused kernel and is proven equal to it by the tests.
+PyTorch's fused kernel, `materialized` a blocked kernel with a hand-written backward
+(model/materialized_attention.py), and `auto` picks the fastest of these for the device, dtype and
+length. The tests prove each of them equal to the reference.
 
 Variants of the multi-head module: grouped-query attention (Ainslie et al. 2023, "GQA"; MQA when
 n_kv_head = 1), where groups of n_head / n_kv_head query heads share one key/value head, so the KV
@@ -20,9 +22,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.kv_cache import LayerCache
+from model.materialized_attention import causal_materialized_attention
 from model.position import apply_rotary
 
-BACKENDS = ("explicit", "sdpa")
+# "auto": the fastest correct path for the device, dtype and length (see CausalSelfAttention.kernel).
+BACKENDS = ("auto", "explicit", "sdpa", "materialized")
+# The longest key length at which the materialized kernel beats the fused one on a CPU in bf16
+# (scripts/bench_attention.py, fwd+bwd at 8192 tokens: 2.5x at 128, 1.65x at 256, 1.05x at 512).
+MATERIALIZED_MAX_KEYS = 512
 
 
 def build_causal_mask(sequence_length: int, device: torch.device | str | None = None) -> Tensor:
@@ -145,13 +152,15 @@ class CausalSelfAttention(nn.Module):
         d_k: int | None = None,
         dropout: float = 0.0,
         bias: bool = False,
-        backend: str = "sdpa",
+        backend: str = "auto",
         n_kv_head: int | None = None,
         qk_norm: bool = False,
     ) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"attention backend {backend!r} is unknown; choose one of: {', '.join(BACKENDS)}")
+        if backend == "materialized" and dropout > 0:
+            raise ValueError(f"the materialized attention backend has no dropout (got {dropout}); use auto or sdpa")
         self.n_head = n_head
         self.n_kv_head = n_kv_head or n_head
         if n_head % self.n_kv_head:
@@ -201,24 +210,44 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
         return self.resid_dropout(self.out_proj(y))
 
+    def kernel(self, q: Tensor, key_length: int, dropout_p: float) -> str:
+        """The path `attend` takes: the configured backend, or for "auto" the fastest correct one.
+
+        That is the fused kernel, except for full-sequence bf16/fp16 attention over short lengths on
+        a CPU, where the materialized kernel is faster (in fp32 it is not). Decoding (one query) and
+        attention dropout stay fused.
+        """
+        if self.backend != "auto":
+            return self.backend
+        short_on_cpu = q.device.type == "cpu" and 1 < q.shape[-2] and key_length <= MATERIALIZED_MAX_KEYS
+        if short_on_cpu and q.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0:
+            return "materialized"
+        return "sdpa"
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""
         Tq, Tk = q.shape[-2], k.shape[-2]
         dropout_p = self.dropout if self.training else 0.0
+        kernel = self.kernel(q, Tk, dropout_p)
         if padding_mask is None and Tq == 1:
             mask = None  # one query at the last position sees every key: decoding needs no mask at all
-        elif padding_mask is None and Tq == Tk and self.backend == "sdpa":
+        elif padding_mask is None and Tq == Tk and kernel == "sdpa":
             return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # flash-eligible
         else:
             mask = build_aligned_causal_mask(Tq, Tk, q.device)
             if padding_mask is not None:
                 mask = mask & padding_mask[:, None, None, :]  # (B, 1, Tq, Tk)
-        if self.backend == "sdpa" and padding_mask is not None:
+        if kernel == "explicit":
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+        has_visible = None
+        if padding_mask is not None:
             # A padding query may see no key at all, and some fused CUDA kernels return NaN for such a
             # row (which would poison later layers even under a zero weight). As the explicit path
             # does: let the row see every key, then zero its output.
             mask, has_visible = open_blind_rows(mask)
-            return fused_attention(q, k, v, mask, dropout_p=dropout_p) * has_visible
-        if self.backend == "sdpa":
-            return fused_attention(q, k, v, mask, dropout_p=dropout_p)
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+        if kernel == "materialized":
+            n_head = q.shape[1]
+            y = causal_materialized_attention(q, expand_kv_heads(k, n_head), expand_kv_heads(v, n_head), mask)
+        else:
+            y = fused_attention(q, k, v, mask, dropout_p=dropout_p)
+        return y if has_visible is None else y * has_visible

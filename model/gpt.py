@@ -29,7 +29,7 @@ class GPTConfig:
     d_ff: int | None = None  # MLP hidden size; None: 4 * d_model
     dropout: float = 0.0
     bias: bool = False
-    attn_backend: str = "sdpa"  # "explicit" (the equation) or "sdpa" (fused)
+    attn_backend: str = "auto"  # "explicit" (the equation), "sdpa" (fused), "materialized" or "auto" (fastest)
     pos_encoding: str = "learned"  # "learned" (GPT-2), "sinusoidal" (fixed table) or "rope" (rotary)
     rope_base: float = 10000.0  # RoPE's base: angle of channel pair i is pos * rope_base^(-2i/d_k)
     n_kv_head: int | None = None  # key/value heads (GQA; 1 = MQA); None: n_head (plain multi-head)
@@ -69,6 +69,11 @@ class GPTConfig:
         if self.attn_backend not in BACKENDS:
             raise ValueError(
                 f"model.attn_backend={self.attn_backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
+            )
+        if self.attn_backend == "materialized" and self.dropout > 0:
+            raise ValueError(
+                f"model.attn_backend='materialized' has no attention dropout (model.dropout={self.dropout}); "
+                "use auto or sdpa"
             )
         if self.pos_encoding not in POS_ENCODINGS:
             raise ValueError(

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import model.materialized_attention
 from training.config import register_configs
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -24,6 +25,16 @@ def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: in
         path.write_text(text + "\n", encoding="utf-8")
         paths.append(str(path))
     return paths
+
+
+@pytest.fixture(autouse=True, scope="session")
+def small_query_blocks():
+    """Test sequences are ~16 tokens, shorter than one query block of the materialized kernel; with
+    blocks of 5 queries (the last one ragged) every test that runs it also runs its block skipping.
+    Session-wide, so module-scoped reference runs see the same blocks as the tests comparing to them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model.materialized_attention, "QUERY_BLOCK", 5)
+        yield
 
 
 @pytest.fixture

@@ -12,8 +12,10 @@ from model.attention import (
     build_aligned_causal_mask,
     build_causal_mask,
     fused_attention,
+    open_blind_rows,
     scaled_dot_product_attention,
 )
+from model.materialized_attention import causal_materialized_attention
 
 
 def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0, H_kv=None):
@@ -130,20 +132,26 @@ def test_fused_backend_matches_explicit(Tq, Tk, with_padding, H_kv):
     explicit = scaled_dot_product_attention(q, k, v, mask)
     fused = fused_attention(q, k, v, mask)
     assert (explicit - fused).abs().max().item() < 1e-5
+    opened, has_visible = open_blind_rows(mask)
+    groups = q.shape[1] // H_kv
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    materialized = causal_materialized_attention(q, k, v, opened) * has_visible
+    assert (explicit - materialized).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("n_kv_head,qk_norm", [(None, False), (2, False), (1, False), (None, True), (2, True)])
 @pytest.mark.parametrize("n_head,d_k", [(4, None), (2, 40), (8, 4)])
-def test_module_backends_agree(n_head, d_k, n_kv_head, qk_norm):
+@pytest.mark.parametrize("backend", ["sdpa", "materialized"])
+def test_module_backends_agree(backend, n_head, d_k, n_kv_head, qk_norm):
     torch.manual_seed(0)
     explicit = CausalSelfAttention(48, n_head, d_k, backend="explicit", n_kv_head=n_kv_head, qk_norm=qk_norm)
-    fused = CausalSelfAttention(48, n_head, d_k, backend="sdpa", n_kv_head=n_kv_head, qk_norm=qk_norm)
-    fused.load_state_dict(explicit.state_dict())
+    other = CausalSelfAttention(48, n_head, d_k, backend=backend, n_kv_head=n_kv_head, qk_norm=qk_norm)
+    other.load_state_dict(explicit.state_dict())
     x = torch.randn(2, 11, 48)
-    assert (explicit(x) - fused(x)).abs().max().item() < 1e-5
+    assert (explicit(x) - other(x)).abs().max().item() < 1e-5
     pad = torch.ones(2, 11, dtype=torch.bool)
     pad[1, :3] = False
-    assert (explicit(x, pad) - fused(x, pad)).abs().max().item() < 1e-5
+    assert (explicit(x, pad) - other(x, pad)).abs().max().item() < 1e-5
 
 
 def test_module_n_head_and_d_k_are_independent():
@@ -169,5 +177,5 @@ def test_query_heads_must_be_a_multiple_of_key_value_heads():
 
 
 def test_module_rejects_unknown_backend():
-    with pytest.raises(ValueError, match="backend 'flash' is unknown; choose one of: explicit, sdpa"):
+    with pytest.raises(ValueError, match="'flash' is unknown; choose one of: auto, explicit, sdpa, materialized"):
         CausalSelfAttention(32, 4, backend="flash")

@@ -41,7 +41,7 @@ def random_ids(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (T,), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("n_head,d_k", HEAD_GRID)
 def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, d_k):
     maps, _ = attention_maps(make_model(backend, n_head, d_k), random_ids())
@@ -53,7 +53,7 @@ def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, 
     assert maps[:, :, 0, 0].eq(1).all()  # the first token can only attend to itself
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_walk_through_the_blocks_is_the_model(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, **VARIANTS[variant])

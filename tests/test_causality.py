@@ -41,7 +41,7 @@ def logits_through_cache(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("through_cache", [False, True])
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("variant,n_head,d_k", CASES)
 def test_changing_a_future_token_leaves_the_past_unchanged(backend, variant, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k, variant)
@@ -59,7 +59,7 @@ def test_changing_a_future_token_leaves_the_past_unchanged(backend, variant, n_h
 
 
 @pytest.mark.parametrize("through_cache", [False, True])
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("variant,n_head,d_k", CASES)
 def test_gradient_from_the_future_is_exactly_zero(backend, variant, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k, variant)

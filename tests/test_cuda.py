@@ -11,6 +11,7 @@ import torch
 from model import GPT, GPTConfig
 from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
 from model.generate import pad_prompts
+from model.materialized_attention import causal_materialized_attention
 from tests.conftest import compose_config
 from tests.variants import VARIANTS
 from training.config import to_train_config
@@ -44,6 +45,8 @@ def test_fused_kernels_match_the_equation(dtype, tolerance):
     reference = scaled_dot_product_attention(q.double(), k.double(), v.double(), build_causal_mask(256, CUDA))
     fused = fused_attention(q, k, v, is_causal=True)  # flash-eligible in bf16
     assert (fused.double() - reference).abs().max().item() < tolerance
+    materialized = causal_materialized_attention(q, k, v)
+    assert (materialized.double() - reference).abs().max().item() < tolerance
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -59,7 +62,7 @@ def test_no_future_leak_on_cuda(variant):
     assert (logits[:, 40:] - base[:, 40:]).abs().max().item() > 1e-4
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 def test_cached_generation_equals_uncached_on_cuda(backend):
     model = make_model(backend)
     idx = torch.randint(0, VOCAB, (1, 16), device=CUDA)

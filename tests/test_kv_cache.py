@@ -10,7 +10,7 @@ from model.kv_cache import KVCache, token_positions
 from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases
 
 VOCAB = 64
-BACKENDS = ["explicit", "sdpa"]
+BACKENDS = ["explicit", "sdpa", "materialized"]
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
 ALL_VARIANTS = pytest.mark.parametrize("variant", list(VARIANTS))

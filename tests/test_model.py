@@ -120,7 +120,8 @@ def test_flops_per_token_matches_hand_computation(n_head, d_k, n_kv_head):
         ({"d_k": 0}, r"model.d_k=0 is invalid"),
         ({"d_model": 384, "n_head": 5}, r"model.d_model \(384\) must be divisible by model.n_head \(5\)"),
         ({"dropout": 1.0}, r"model.dropout=1.0 is invalid; it must be in \[0, 1\)"),
-        ({"attn_backend": "flash"}, r"model.attn_backend='flash' is unknown; choose one of: explicit, sdpa"),
+        ({"attn_backend": "flash"}, r"'flash' is unknown; choose one of: auto, explicit, sdpa, materialized"),
+        ({"attn_backend": "materialized", "dropout": 0.1}, r"'materialized' has no attention dropout"),
         ({"block_size": 0}, r"model.block_size=0 is invalid"),
         ({"pos_encoding": "alibi"}, r"model.pos_encoding='alibi' is unknown; choose one of: learned, sinusoidal, rope"),
         ({"pos_encoding": "rope", "n_head": 2, "d_k": 5}, r"the head dim \(5\) must be even"),
@@ -141,7 +142,7 @@ def test_d_k_lifts_the_divisibility_rule():
     assert model.blocks[0].attn.d_k == 64
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 def test_overfits_a_single_batch(backend):
     torch.manual_seed(0)
     model = GPT(tiny(attn_backend=backend))

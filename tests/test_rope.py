@@ -66,7 +66,7 @@ def test_scores_depend_only_on_the_offset_between_positions():
     assert abs((rotate(q, 3) @ rotate(k, 0)).item() - (rotate(q, 9) @ rotate(k, 0)).item()) > 1e-2
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("n_kv_head,qk_norm", [(None, False), (2, True)])
 def test_attention_output_is_unchanged_by_shifting_every_position(backend, n_kv_head, qk_norm):
     torch.manual_seed(0)

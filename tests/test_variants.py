@@ -59,7 +59,7 @@ def mha_equivalent_of(gqa: GPT) -> GPT:
     return mha
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
 @pytest.mark.parametrize("n_kv_head", [3, 2, 1])
 def test_grouped_query_attention_is_mha_with_shared_key_value_heads(backend, n_kv_head):
     gqa = make_model(backend, n_kv_head=n_kv_head)

@@ -1,0 +1,150 @@
+"""The materialized kernel: equal to the equation in values and gradients, block skipping included,
+causal whatever the mask says, and what `auto` picks it for."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model.materialized_attention as materialized
+from model.attention import (
+    MATERIALIZED_MAX_KEYS,
+    CausalSelfAttention,
+    build_aligned_causal_mask,
+    open_blind_rows,
+    scaled_dot_product_attention,
+)
+from model.materialized_attention import causal_materialized_attention
+
+
+def tensors(B=2, H=3, Tq=13, Tk=13, D=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, D)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes]
+
+
+def padded_mask(B, Tq, Tk, seed=0):
+    """Causal mask with random padding keys: some rows then see no key at all."""
+    pad = torch.rand(B, Tk, generator=torch.Generator().manual_seed(seed)) > 0.4
+    return build_aligned_causal_mask(Tq, Tk) & pad[:, None, None, :]
+
+
+@pytest.mark.parametrize("block", [5, 64])  # several blocks, the last ragged; one block covering all
+@pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 9), (4, 17), (12, 30)])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_values_and_gradients_match_the_equation(monkeypatch, block, Tq, Tk, with_padding):
+    monkeypatch.setattr(materialized, "QUERY_BLOCK", block)
+    mask = padded_mask(2, Tq, Tk) if with_padding else build_aligned_causal_mask(Tq, Tk)
+    opened, has_visible = open_blind_rows(mask)
+    q, k, v = tensors(Tq=Tq, Tk=Tk)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = causal_materialized_attention(q, k, v, opened) * has_visible
+    ref = scaled_dot_product_attention(qr, kr, vr, mask)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in ((out, ref), (q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def test_hand_written_backward_passes_gradcheck():
+    q, k, v = tensors(B=1, H=2, Tq=12, Tk=12, D=4)
+    mask = open_blind_rows(padded_mask(1, 12, 12, seed=3))[0]
+    assert torch.autograd.gradcheck(lambda q, k, v: causal_materialized_attention(q, k, v, mask), (q, k, v))
+
+
+def test_causal_whatever_the_mask_allows():
+    q, k, v = tensors()
+    everything = torch.ones(13, 13, dtype=torch.bool)
+    torch.testing.assert_close(
+        causal_materialized_attention(q, k, v, everything), scaled_dot_product_attention(q, k, v, everything.tril())
+    )
+
+
+def test_no_gradient_flows_from_a_later_key_or_value():
+    q, k, v = tensors()
+    out = causal_materialized_attention(q, k, v)
+    out[:, :, 6].sum().backward()
+    assert k.grad[:, :, 7:].eq(0).all() and v.grad[:, :, 7:].eq(0).all()
+    assert k.grad[:, :, :7].ne(0).any(-1).all() and v.grad[:, :, :7].ne(0).any(-1).all()
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def test_bf16_is_as_accurate_as_the_fused_kernel():
+    """Documented tolerance: in bf16, output and gradients within 1.5x the fused kernel's error
+    against a float64 reference (both are about 2^-8 relative)."""
+    q, k, v = tensors(B=2, H=2, Tq=150, Tk=150, D=32)
+    grad = torch.randn(2, 2, 150, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ref = scaled_dot_product_attention(q, k, v, build_aligned_causal_mask(150, 150))
+    want = [ref, *torch.autograd.grad(ref, (q, k, v), grad)]
+
+    def run(fn):
+        qb, kb, vb = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+        out = fn(qb, kb, vb)
+        return [out, *torch.autograd.grad(out, (qb, kb, vb), grad.bfloat16())]
+
+    mine = run(causal_materialized_attention)
+    fused = run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    for m, f, w in zip(mine, fused, want, strict=True):
+        assert m.dtype == torch.bfloat16
+        assert relative_error(m, w) <= 1.5 * relative_error(f, w) + 1e-3
+
+
+def test_runs_in_its_inputs_dtype_under_autocast():
+    q, k, v = (t.detach().bfloat16() for t in tensors())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert causal_materialized_attention(q, k, v).dtype == torch.bfloat16
+
+
+def test_rejects_mixed_dtypes_and_fewer_keys_than_queries():
+    q, k, v = tensors(Tq=5, Tk=5)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        causal_materialized_attention(q.float(), k, v)
+    q, k, v = tensors(Tq=6, Tk=4)
+    with pytest.raises(ValueError, match="at least as many keys as queries, got 4 keys for 6"):
+        causal_materialized_attention(q, k, v)
+
+
+def test_auto_picks_the_materialized_kernel_only_where_it_is_faster():
+    attn = CausalSelfAttention(32, 4, backend="auto")
+
+    def pick(T, dtype=torch.bfloat16, keys=None, dropout_p=0.0):
+        return attn.kernel(torch.zeros(1, 4, T, 8, dtype=dtype), keys or T, dropout_p)
+
+    assert pick(256) == "materialized"
+    assert pick(MATERIALIZED_MAX_KEYS) == "materialized"
+    assert pick(MATERIALIZED_MAX_KEYS + 1) == "sdpa"  # longer: the fused kernel's O(T) memory and speed win
+    assert pick(256, dtype=torch.float32) == "sdpa"  # in fp32 it is no faster
+    assert pick(1, keys=200) == "sdpa"  # decoding one token
+    assert pick(256, dropout_p=0.1) == "sdpa"  # it has no dropout
+    for fixed in ("explicit", "sdpa", "materialized"):
+        assert CausalSelfAttention(32, 4, backend=fixed).kernel(torch.zeros(1, 4, 9999, 8), 9999, 0.0) == fixed
+
+
+def test_model_in_bf16_takes_the_materialized_path_and_agrees_with_sdpa():
+    torch.manual_seed(0)
+    auto, fused = CausalSelfAttention(32, 4, backend="auto"), CausalSelfAttention(32, 4, backend="sdpa")
+    fused.load_state_dict(auto.state_dict())
+    x = torch.randn(2, 20, 32)
+    calls = []
+    original = materialized._CausalMaterializedAttention.apply
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    materialized._CausalMaterializedAttention.apply = counting
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out_auto, out_fused = auto(x), fused(x)
+    finally:
+        materialized._CausalMaterializedAttention.apply = original
+    assert calls, "auto did not take the materialized kernel for bf16 on a CPU"
+    assert (out_auto.float() - out_fused.float()).abs().max().item() < 2e-2
+
+
+def test_materialized_module_rejects_dropout():
+    with pytest.raises(ValueError, match="materialized attention backend has no dropout"):
+        CausalSelfAttention(32, 4, dropout=0.1, backend="materialized")
