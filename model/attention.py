@@ -27,8 +27,9 @@ from model.position import apply_rotary
 
 # "auto": the fastest correct path for the device, dtype and length (see CausalSelfAttention.kernel).
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")
-# The longest key length at which the materialized kernel beats the fused one on a CPU in bf16
-# (scripts/bench_attention.py, fwd+bwd at 8192 tokens: 2.5x at 128, 1.65x at 256, 1.05x at 512).
+# Up to this key length `auto` takes the materialized kernel on a CPU. scripts/bench_attention.py
+# (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.8x faster than the fused kernel in bf16 and
+# 1.1-1.4x in fp32 for 64-512 keys, 1.1-1.2x at 1024, where its probabilities grow to tens of MB.
 MATERIALIZED_MAX_KEYS = 512
 
 
@@ -213,16 +214,14 @@ class CausalSelfAttention(nn.Module):
     def kernel(self, q: Tensor, key_length: int, dropout_p: float) -> str:
         """The path `attend` takes: the configured backend, or for "auto" the fastest correct one.
 
-        That is the fused kernel, except for full-sequence bf16/fp16 attention over short lengths on
-        a CPU, where the materialized kernel is faster (in fp32 it is not). Decoding (one query) and
-        attention dropout stay fused.
+        That is the fused kernel, except for full-sequence attention over at most
+        MATERIALIZED_MAX_KEYS keys on a CPU, where the materialized kernel is faster. Decoding (one
+        query) and attention dropout stay fused.
         """
         if self.backend != "auto":
             return self.backend
         short_on_cpu = q.device.type == "cpu" and 1 < q.shape[-2] and key_length <= MATERIALIZED_MAX_KEYS
-        if short_on_cpu and q.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0:
-            return "materialized"
-        return "sdpa"
+        return "materialized" if short_on_cpu and dropout_p == 0.0 else "sdpa"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""

@@ -1,9 +1,9 @@
 """Causal attention that keeps its probabilities, block by block, with a backward written by hand.
 
 It computes the same softmax(QK^T / sqrt(d_k) + mask) V as the explicit path, for the case where
-that is the fastest way: a CPU, bf16 and short sequences. There PyTorch's fused (flash) kernel
-runs its small tiles far below the matmul peak (in bf16 no faster than in fp32), while a few large
-batched matmuls run at it, and the probabilities cost little memory at these lengths.
+that is the fastest way: a CPU and short sequences. There PyTorch's fused (flash) kernel runs its
+small tiles far below the matmul peak (in bf16 no faster than in fp32), while a few large batched
+matmuls run at it, and the probabilities cost little memory at these lengths.
 
 Queries go in blocks of QUERY_BLOCK; a block only multiplies the keys up to its last query's
 position, so the work above the causal diagonal is mostly skipped (about 5/8 of the full product
@@ -53,19 +53,25 @@ class _CausalMaterializedAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         scaled_query, key, value, *probs = ctx.saved_tensors
         grad_out = grad_out.to(value.dtype).contiguous()
-        grad_queries = []
-        # Key and value gradients sum over the query blocks: accumulate them in float32 at least.
-        accumulate = torch.promote_types(key.dtype, torch.float32)
-        grad_key = torch.zeros(key.shape, dtype=accumulate, device=key.device)
-        grad_value = torch.zeros(value.shape, dtype=accumulate, device=value.device)
-        for (start, stop, keys), p in zip(_query_blocks(scaled_query.shape[-2], key.shape[-2]), probs, strict=True):
+        blocks = _query_blocks(scaled_query.shape[-2], key.shape[-2])
+        # Key and value gradients sum over the query blocks, in float32 at least. The last block
+        # sees every key, so going backwards its share starts the sums: no zero fill, no sum at all
+        # for a single block.
+        accumulate = key.dtype if len(blocks) == 1 else torch.promote_types(key.dtype, torch.float32)
+        grad_queries, grad_key, grad_value = [], None, None
+        for (start, stop, keys), p in zip(reversed(blocks), reversed(probs), strict=True):
             grad_block = grad_out[:, :, start:stop]
-            grad_value[:, :, :keys] += p.transpose(-2, -1) @ grad_block
+            value_share = p.transpose(-2, -1) @ grad_block
             grad_probs = grad_block @ value[:, :, :keys].transpose(-2, -1)
             grad_scores = torch._softmax_backward_data(grad_probs, p, -1, p.dtype)  # P * (dP - rowsum(dP P))
             grad_queries.append(grad_scores @ key[:, :, :keys])
-            grad_key[:, :, :keys] += grad_scores.transpose(-2, -1) @ scaled_query[:, :, start:stop]
-        grad_query = torch.cat(grad_queries, dim=-2).mul_(key.shape[-1] ** -0.5)
+            key_share = grad_scores.transpose(-2, -1) @ scaled_query[:, :, start:stop]
+            if grad_key is None:
+                grad_key, grad_value = key_share.to(accumulate), value_share.to(accumulate)
+            else:
+                grad_key[:, :, :keys] += key_share
+                grad_value[:, :, :keys] += value_share
+        grad_query = torch.cat(grad_queries[::-1], dim=-2).mul_(key.shape[-1] ** -0.5)
         return grad_query, grad_key.to(key.dtype), grad_value.to(value.dtype), None
 
 

@@ -116,14 +116,14 @@ def test_auto_picks_the_materialized_kernel_only_where_it_is_faster():
     assert pick(256) == "materialized"
     assert pick(MATERIALIZED_MAX_KEYS) == "materialized"
     assert pick(MATERIALIZED_MAX_KEYS + 1) == "sdpa"  # longer: the fused kernel's O(T) memory and speed win
-    assert pick(256, dtype=torch.float32) == "sdpa"  # in fp32 it is no faster
+    assert pick(256, dtype=torch.float32) == "materialized"  # faster in fp32 too, by less
     assert pick(1, keys=200) == "sdpa"  # decoding one token
     assert pick(256, dropout_p=0.1) == "sdpa"  # it has no dropout
     for fixed in ("explicit", "sdpa", "materialized"):
         assert CausalSelfAttention(32, 4, backend=fixed).kernel(torch.zeros(1, 4, 9999, 8), 9999, 0.0) == fixed
 
 
-def test_model_in_bf16_takes_the_materialized_path_and_agrees_with_sdpa():
+def test_a_bf16_module_on_cpu_takes_the_materialized_path_and_agrees_with_sdpa():
     torch.manual_seed(0)
     auto, fused = CausalSelfAttention(32, 4, backend="auto"), CausalSelfAttention(32, 4, backend="sdpa")
     fused.load_state_dict(auto.state_dict())

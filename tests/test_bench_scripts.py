@@ -1,0 +1,42 @@
+"""The benchmark scripts run and report what they claim (tiny shapes; no speed is asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.bench_train import measure, measure_interleaved
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_attention_prints_a_row_per_dtype_and_length():
+    sizes = ["--tokens", "64", "--heads", "2", "--head-dim", "8", "--lengths", "8", "32"]
+    out = subprocess.run(
+        [sys.executable, "scripts/bench_attention.py", *sizes, "--dtypes", "fp32", "bf16", "--repeats", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith(("fp32", "bf16"))]
+    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [
+        ("fp32", 8, 8),
+        ("fp32", 32, 2),
+        ("bf16", 8, 8),
+        ("bf16", 32, 2),
+    ]
+    assert all(float(x) > 0 for r in rows for x in r[3:])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_overrides):
+    job = {"overrides": tiny_run_overrides, "compile": False, "steps": 2, "warmup": 1}
+    rows = measure_interleaved([job | {"backend": "explicit", "precision": "fp32"}, job | {"precision": "bf16"}])
+    assert len(rows) == 2
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1.5 and 0 < r["batch_fraction"] < 1
+        assert r["step_s"] * r["tokens_per_s"] == pytest.approx(8 * 32)  # debug/tiny: batch 8 of 32 tokens
+    alone = measure(job | {"backend": "auto", "precision": "bf16"})
+    assert alone["peak_mem_mb"] >= 0 and alone["tokens_per_s"] > 0
