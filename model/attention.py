@@ -28,7 +28,7 @@ from model.position import apply_rotary
 # "auto": the fastest correct path for the device, dtype and length (see CausalSelfAttention.kernel).
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")
 # Up to this key length `auto` takes the materialized kernel on a CPU. scripts/bench_attention.py
-# (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.8x faster than the fused kernel in bf16 and
+# (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.2x faster than the fused kernel in bf16 and
 # 1.1-1.4x in fp32 for 64-512 keys, 1.1-1.2x at 1024, where its probabilities grow to tens of MB.
 MATERIALIZED_MAX_KEYS = 512
 

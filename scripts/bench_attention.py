@@ -53,7 +53,7 @@ def main() -> None:
     print(
         f"attnlab bench_attention: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {args.tokens} tokens, {args.heads} heads of {args.head_dim}; "
-        f"auto takes the materialized kernel for bf16/fp16 up to {MATERIALIZED_MAX_KEYS} keys on a CPU"
+        f"auto takes the materialized kernel on a CPU up to {MATERIALIZED_MAX_KEYS} keys"
     )
     print(f"{'dtype':<6}{'T':>6}{'B':>5}{'explicit ms':>13}{'sdpa ms':>10}{'materialized ms':>17}{'sdpa/mat.':>11}")
     for name in args.dtypes:
