@@ -214,14 +214,15 @@ class CausalSelfAttention(nn.Module):
     def kernel(self, q: Tensor, key_length: int, dropout_p: float) -> str:
         """The path `attend` takes: the configured backend, or for "auto" the fastest correct one.
 
-        That is the fused kernel, except for full-sequence attention over at most
-        MATERIALIZED_MAX_KEYS keys on a CPU, where the materialized kernel is faster. Decoding (one
-        query) and attention dropout stay fused.
+        That is the fused kernel, except in training (a backward will follow) over at most
+        MATERIALIZED_MAX_KEYS keys on a CPU, where the materialized kernel is faster: most of its
+        gain is in the backward. Inference, where small batches would pay its per-block overhead,
+        and attention dropout stay fused.
         """
         if self.backend != "auto":
             return self.backend
-        short_on_cpu = q.device.type == "cpu" and 1 < q.shape[-2] and key_length <= MATERIALIZED_MAX_KEYS
-        return "materialized" if short_on_cpu and dropout_p == 0.0 else "sdpa"
+        short_on_cpu = q.device.type == "cpu" and key_length <= MATERIALIZED_MAX_KEYS
+        return "materialized" if short_on_cpu and q.requires_grad and dropout_p == 0.0 else "sdpa"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""

@@ -110,38 +110,33 @@ def test_rejects_mixed_dtypes_and_fewer_keys_than_queries():
 def test_auto_picks_the_materialized_kernel_only_where_it_is_faster():
     attn = CausalSelfAttention(32, 4, backend="auto")
 
-    def pick(T, dtype=torch.bfloat16, keys=None, dropout_p=0.0):
-        return attn.kernel(torch.zeros(1, 4, T, 8, dtype=dtype), keys or T, dropout_p)
+    def pick(T, dtype=torch.bfloat16, dropout_p=0.0, training=True):
+        return attn.kernel(torch.zeros(1, 4, T, 8, dtype=dtype, requires_grad=training), T, dropout_p)
 
     assert pick(256) == "materialized"
     assert pick(MATERIALIZED_MAX_KEYS) == "materialized"
     assert pick(MATERIALIZED_MAX_KEYS + 1) == "sdpa"  # longer: the fused kernel's O(T) memory and speed win
     assert pick(256, dtype=torch.float32) == "materialized"  # faster in fp32 too, by less
-    assert pick(1, keys=200) == "sdpa"  # decoding one token
+    assert pick(256, training=False) == "sdpa"  # inference: no backward to gain on
     assert pick(256, dropout_p=0.1) == "sdpa"  # it has no dropout
     for fixed in ("explicit", "sdpa", "materialized"):
         assert CausalSelfAttention(32, 4, backend=fixed).kernel(torch.zeros(1, 4, 9999, 8), 9999, 0.0) == fixed
 
 
-def test_a_bf16_module_on_cpu_takes_the_materialized_path_and_agrees_with_sdpa():
+def test_a_module_in_training_on_cpu_takes_the_materialized_path_and_agrees_with_sdpa(monkeypatch):
     torch.manual_seed(0)
     auto, fused = CausalSelfAttention(32, 4, backend="auto"), CausalSelfAttention(32, 4, backend="sdpa")
     fused.load_state_dict(auto.state_dict())
     x = torch.randn(2, 20, 32)
     calls = []
     original = materialized._CausalMaterializedAttention.apply
-
-    def counting(*args):
-        calls.append(1)
-        return original(*args)
-
-    materialized._CausalMaterializedAttention.apply = counting
-    try:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out_auto, out_fused = auto(x), fused(x)
-    finally:
-        materialized._CausalMaterializedAttention.apply = original
-    assert calls, "auto did not take the materialized kernel for bf16 on a CPU"
+    monkeypatch.setattr(materialized._CausalMaterializedAttention, "apply", lambda *a: calls.append(1) or original(*a))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_auto, out_fused = auto(x), fused(x)
+        assert len(calls) == 1, "auto did not take the materialized kernel in training on a CPU"
+        with torch.no_grad():
+            auto(x)
+        assert len(calls) == 1, "auto took the materialized kernel without a backward to follow"
     assert (out_auto.float() - out_fused.float()).abs().max().item() < 2e-2
 
 
