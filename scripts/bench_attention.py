@@ -6,7 +6,8 @@
 At a fixed number of tokens per batch (B * T), it times the explicit equation (autograd), the fused
 kernel (F.scaled_dot_product_attention, is_causal) and the materialized kernel for each sequence
 length and dtype, and prints medians and the fused / materialized ratio. MATERIALIZED_MAX_KEYS in
-model/attention.py is the longest length at which that ratio is above 1 in bf16 on a CPU.
+model/attention.py is where `auto` stops taking the materialized kernel: beyond it the gain is
+small and the memory of the probabilities grows quadratically.
 """
 
 import argparse
@@ -53,7 +54,7 @@ def main() -> None:
     print(
         f"attnlab bench_attention: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {args.tokens} tokens, {args.heads} heads of {args.head_dim}; "
-        f"auto takes the materialized kernel on a CPU up to {MATERIALIZED_MAX_KEYS} keys"
+        f"auto takes the materialized kernel for training on a CPU up to {MATERIALIZED_MAX_KEYS} keys"
     )
     print(f"{'dtype':<6}{'T':>6}{'B':>5}{'explicit ms':>13}{'sdpa ms':>10}{'materialized ms':>17}{'sdpa/mat.':>11}")
     for name in args.dtypes:
