@@ -5,8 +5,8 @@
 The mask is applied to the scores *before* the softmax, so every row renormalises over the
 positions it may see. The explicit path below is the reference; the `sdpa` backend calls
 PyTorch's fused kernel, `materialized` a blocked kernel with a hand-written backward
-(model/materialized_attention.py), and `auto` picks the fastest of these for the device, dtype and
-length. The tests prove each of them equal to the reference.
+(model/materialized_attention.py), and `auto` picks the fastest of these for the device, the
+length and whether a backward follows. The tests prove each of them equal to the reference.
 
 Variants of the multi-head module: grouped-query attention (Ainslie et al. 2023, "GQA"; MQA when
 n_kv_head = 1), where groups of n_head / n_kv_head query heads share one key/value head, so the KV
@@ -25,7 +25,7 @@ from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention
 from model.position import apply_rotary
 
-# "auto": the fastest correct path for the device, dtype and length (see CausalSelfAttention.kernel).
+# "auto": the fastest correct path for the device, length and pass (see CausalSelfAttention.kernel).
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")
 # Up to this key length `auto` takes the materialized kernel on a CPU. scripts/bench_attention.py
 # (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.2x faster than the fused kernel in bf16 and
@@ -229,8 +229,10 @@ class CausalSelfAttention(nn.Module):
         Tq, Tk = q.shape[-2], k.shape[-2]
         dropout_p = self.dropout if self.training else 0.0
         kernel = self.kernel(q, Tk, dropout_p)
-        if padding_mask is None and Tq == 1:
-            mask = None  # one query at the last position sees every key: decoding needs no mask at all
+        if padding_mask is None and (Tq == 1 or kernel == "materialized"):
+            # One query at the last position sees every key, and the materialized kernel is causal
+            # by construction: neither needs a mask.
+            mask = None
         elif padding_mask is None and Tq == Tk and kernel == "sdpa":
             return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # flash-eligible
         else:

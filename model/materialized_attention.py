@@ -24,10 +24,11 @@ QUERY_BLOCK = 64  # smaller blocks skip more of the upper triangle but run the m
 def _query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, int]]:
     """(start, stop, keys): queries start..stop-1 (the last of key_length positions) see keys < `keys`."""
     offset = key_length - query_length
-    return [
-        (start, min(start + QUERY_BLOCK, query_length), offset + min(start + QUERY_BLOCK, query_length))
-        for start in range(0, query_length, QUERY_BLOCK)
-    ]
+    blocks = []
+    for start in range(0, query_length, QUERY_BLOCK):
+        stop = min(start + QUERY_BLOCK, query_length)
+        blocks.append((start, stop, offset + stop))
+    return blocks
 
 
 class _CausalMaterializedAttention(torch.autograd.Function):

@@ -11,6 +11,7 @@ from model.attention import (
     attention_weights,
     build_aligned_causal_mask,
     build_causal_mask,
+    expand_kv_heads,
     fused_attention,
     open_blind_rows,
     scaled_dot_product_attention,
@@ -133,8 +134,7 @@ def test_fused_backend_matches_explicit(Tq, Tk, with_padding, H_kv):
     fused = fused_attention(q, k, v, mask)
     assert (explicit - fused).abs().max().item() < 1e-5
     opened, has_visible = open_blind_rows(mask)
-    groups = q.shape[1] // H_kv
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    k, v = expand_kv_heads(k, q.shape[1]), expand_kv_heads(v, q.shape[1])
     materialized = causal_materialized_attention(q, k, v, opened) * has_visible
     assert (explicit - materialized).abs().max().item() < 1e-5
 
