@@ -1,30 +1,13 @@
-"""Shared fixtures: a small generated corpus and Hydra composition of the real configs."""
+"""Shared fixtures (helpers are in tests/helpers.py). Markers come from the folder: tests/e2e/ runs the
+real CLIs end to end (`e2e`); tests/unit/ is fast and in-process."""
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import model.materialized_attention
-from training.config import register_configs
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
-WORDS = "the king queen lord speak love death night day sweet fair good my thy thou art is not what".split()
-
-
-def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: int = 0) -> list[str]:
-    """Plain-text documents of random lines over a small vocabulary, one file each."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(documents):
-        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(lines))
-        path = directory / f"doc{i}.txt"
-        path.write_text(text + "\n", encoding="utf-8")
-        paths.append(str(path))
-    return paths
+from tests.helpers import write_corpus
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -40,13 +23,6 @@ def small_query_blocks():
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> list[str]:
     return write_corpus(tmp_path / "corpus")
-
-
-def compose_config(overrides: list[str]):
-    """The real configs/ tree composed through Hydra's compose API, as train.py would see it."""
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name="config", overrides=overrides)
 
 
 @pytest.fixture
@@ -95,3 +71,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "e2e" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.e2e)

@@ -12,7 +12,7 @@ from model import GPT, GPTConfig
 from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
 from model.generate import pad_prompts
 from model.materialized_attention import causal_materialized_attention
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 from tests.variants import VARIANTS
 from training.config import to_train_config
 from training.trainer import train

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from tests.helpers import hand_count
 
 
 def tiny(**overrides) -> GPTConfig:
@@ -59,19 +60,6 @@ def test_residual_projections_get_scaled_init():
         for layer in (block.attn.out_proj, block.mlp.down_proj):
             assert layer.weight.std().item() == pytest.approx(expected, rel=0.1)
         assert block.attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
-
-
-def hand_count(V, T, L, H, dk, D, F, bias, H_kv=None, qk_norm=False, learned_positions=True):
-    H_kv = H_kv or H
-    qkv = (H + 2 * H_kv) * dk  # W_Q has H heads, W_K and W_V have H_kv each
-    per_layer = D * qkv + H * dk * D + D * F + F * D  # weights
-    per_layer += 2 * D * 2 if bias else 2 * D  # two LayerNorms (gain [+ bias])
-    if bias:
-        per_layer += qkv + D + F + D
-    if qk_norm:
-        per_layer += 2 * dk  # an RMSNorm gain over d_k for Q and one for K
-    positions = T * D if learned_positions else 0  # sinusoidal and RoPE have no parameters
-    return V * D + positions + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from model import GPT, GPTConfig
 from scripts.sample import SampleConfig, register_configs, sample, write_new_text
 from training.checkpoint import save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHARS = "\n !,.:?abcdefghijklmnopqrstuvwxyz"
 
 

@@ -15,14 +15,13 @@ import training.trainer
 from analysis.report import table
 from analysis.sweep import COMPLETED, CRASHED, FAILED_AT_START, aggregate, find_runs
 from scripts.ablation_report import write_report
-from tests.conftest import CONFIG_DIR, compose_config
-from tests.test_model import hand_count
+from tests.helpers import CONFIG_DIR, compose_config, hand_count
 from training import fairness
 from training.config import to_train_config
 from training.fairness import steps_for_flops, steps_for_time
 from training.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
 
 

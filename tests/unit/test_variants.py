@@ -9,7 +9,7 @@ import torch
 
 from model import GPT, GPTConfig
 from model.position import SinusoidalPositions
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 from tests.variants import VARIANT_HEADS, VARIANTS
 from training.checkpoint import load_model, save_checkpoint
 from training.config import to_train_config

@@ -16,7 +16,7 @@ from scripts.attention_map import write_attention_map
 from tests.variants import VARIANT_HEADS, VARIANTS
 from training.checkpoint import save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB, T = 40, 12
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (2, 5)]

@@ -25,7 +25,7 @@ from training.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 97
 
 

@@ -13,12 +13,12 @@ import pytest
 
 import training.checkpoint
 from model.gpt import GPT
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.config import to_train_config
 from training.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_train(overrides: list[str]) -> dict:

@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 
 from data.batches import sample_batch
 from scripts.sample import SampleConfig, sample
-from tests.conftest import compose_config
 from tests.distributed_worker import failing_worker, free_port
+from tests.helpers import compose_config
 from training import distributed
 from training.batch_layout import BatchLayout, batch_layout
 from training.checkpoint import load_checkpoint
@@ -27,7 +27,7 @@ from training.config import to_train_config
 from training.distributed import DistInfo
 from training.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- batch layout: any world size sees a one-process run's sequences -----------------------------

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import training.trainer
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint
 from training.config import to_train_config
 from training.signals import RunInterrupted, StopSignals
 from training.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Dropout makes the losses depend on the torch RNG stream too, not just weights and batches.
 EXACT = ["max_steps=20", "eval_interval=4", "log_interval=1", "model.dropout=0.1", "sample_tokens=0"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from scripts.bench_train import measure, measure_interleaved
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_attention_prints_a_row_per_dtype_and_length():

@@ -20,7 +20,7 @@ from data.sources import load_documents
 
 # `data.prepare` is the function (re-exported by the package); the module is needed for monkeypatching.
 prepare_mod = importlib.import_module("data.prepare")
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "data"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
 
 # ---------------------------------------------------------------- config
 

@@ -1,0 +1,55 @@
+"""Helpers the tests share: the generated corpus, Hydra composition of the real configs, running a
+CLI as a user would, and hand counts to check the model against. Fixtures live in conftest.py."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from training.config import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(ROOT / "configs")
+WORDS = "the king queen lord speak love death night day sweet fair good my thy thou art is not what".split()
+
+
+def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: int = 0) -> list[str]:
+    """Plain-text documents of random lines over a small vocabulary, one file each."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(documents):
+        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(lines))
+        path = directory / f"doc{i}.txt"
+        path.write_text(text + "\n", encoding="utf-8")
+        paths.append(str(path))
+    return paths
+
+
+def compose_config(overrides: list[str]):
+    """The real configs/ tree composed through Hydra's compose API, as train.py would see it."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """`python ARGS` from the repository root (or cwd), as a user's shell would run it; output captured."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, **kwargs
+    )
+
+
+def hand_count(V, T, L, H, dk, D, F, bias, H_kv=None, qk_norm=False, learned_positions=True):
+    H_kv = H_kv or H
+    qkv = (H + 2 * H_kv) * dk  # W_Q has H heads, W_K and W_V have H_kv each
+    per_layer = D * qkv + H * dk * D + D * F + F * D  # weights
+    per_layer += 2 * D * 2 if bias else 2 * D  # two LayerNorms (gain [+ bias])
+    if bias:
+        per_layer += qkv + D + F + D
+    if qk_norm:
+        per_layer += 2 * dk  # an RMSNorm gain over d_k for Q and one for K
+    positions = T * D if learned_positions else 0  # sinusoidal and RoPE have no parameters
+    return V * D + positions + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
