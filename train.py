@@ -16,12 +16,13 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import distributed
+from training import cli, distributed
 from training.config import register_configs, to_train_config
-from training.signals import RunInterrupted
+from training.guards import RunInterrupted
+from training.loggers import log_to_file
 from training.trainer import train
 
 log = logging.getLogger("train")
@@ -32,26 +33,40 @@ register_configs()
 @record  # under torchrun: the failing rank's exception becomes the job's reported root cause
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
-    if cfg.out_dir is None:
-        cfg.out_dir = hydra_cfg.runtime.output_dir  # rank 0's is given to all ranks in train()
-    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
-        cfg.logger.group = "/".join(Path(hydra_cfg.sweep.dir).parts[-2:])  # wandb runs of one sweep share a group
-    distributed.quiet_unless_main(distributed.env_info())
-    log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg))
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    cli.console_logging()
+    info = distributed.env_info()
+    distributed.quiet_unless_main(info)
+    if multirun:  # Hydra made the job's directory: it is the run's, and a failure is logged into it
+        cfg.out_dir = hydra_cfg.runtime.output_dir
+        log_to_file(Path(cfg.out_dir) / "train.log")
+        if cfg.logger.group is None:
+            cfg.logger.group = "/".join(Path(hydra_cfg.sweep.dir).parts[-2:])  # one wandb group per sweep
     try:
-        metrics = train(to_train_config(cfg))
+        auto_named = cfg.out_dir is None
+        if auto_named:
+            cfg.out_dir = str(cli.new_run_dir())  # under torchrun, train() gives every rank rank 0's
+        train_cfg = to_train_config(cfg)
+        if auto_named and train_cfg.resume == "auto":
+            raise cli.nothing_to_resume(Path(train_cfg.out_dir))
+        metrics = train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s", e)
-        print(e, file=sys.stderr)
+        if auto_named and info.is_main:
+            cli.point_latest(cli.OUTPUTS, Path(cfg.out_dir))
         sys.exit(e.exit_code)
     except (ValueError, OSError, FloatingPointError, distributed.RankFailed) as e:  # one line, no traceback
-        log.error("%s", e)
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if multirun:
+            log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
         sys.exit(f"error: {e}")
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
+    if info.is_main:
+        if auto_named:
+            cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
+        print(cli.closing_lines(Path(train_cfg.out_dir), metrics), file=sys.stderr)
     return metrics.get("val/loss")  # lets Hydra sweepers optimise it
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from training.run_info import RUN_INFO, SUMMARY
+from training.loggers import RUN_INFO, SUMMARY
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 

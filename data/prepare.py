@@ -20,9 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import datasets
 import numpy as np
 from tqdm import tqdm
 
@@ -30,6 +29,9 @@ from data.config import DataConfig, resolve_cache_dir
 from data.fetch import publish_dir
 from data.sources import load_documents, source_identity
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
+
+if TYPE_CHECKING:  # imported only when a corpus is actually prepared: a cache hit does not pay for it
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +46,29 @@ class PreparedData:
     directory: Path
     train: np.ndarray  # np.memmap of token ids, read-only
     val: np.ndarray
-    meta: dict
+    meta: dict  # meta.json as written (source, counts, split rules); the fields below are what code reads
     tokenizer: Tokenizer
 
-    def bytes_per_token(self, split: str = "val") -> float:
-        """UTF-8 bytes of text per token, to turn loss per token into bits per byte."""
-        return self.meta[f"{split}_bytes"] / self.meta[f"{split}_tokens"]
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
+
+    @property
+    def tokenizer_meta(self) -> dict:
+        return self.meta["tokenizer"]
+
+    @property
+    def val_tokens(self) -> int:
+        return len(self.val)
+
+    @property
+    def val_bytes(self) -> int:
+        """UTF-8 bytes of the val text, to turn loss per token into bits per byte."""
+        return self.meta["val_bytes"]
 
 
 def cache_key(cfg: DataConfig) -> dict:
@@ -143,12 +162,12 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     return load_prepared(directory, cache_dir)
 
 
-def _texts(docs: datasets.Dataset) -> Iterator[str]:
+def _texts(docs: "datasets.Dataset") -> Iterator[str]:
     for batch in docs.iter(batch_size=CHUNK_DOCUMENTS):
         yield from batch["text"]
 
 
-def _split_chunks(docs: datasets.Dataset, cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:
+def _split_chunks(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:
     """(split, texts) chunks in corpus order; every document lands in exactly one split."""
     if docs.num_rows == 1:
         text = docs[0]["text"]
@@ -178,14 +197,31 @@ def _write_tokens(f: BinaryIO, tokenizer: Tokenizer, texts: list[str], dtype: np
 
 
 def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> PreparedData:
-    """Open a prepared directory; `cache_dir` is where a gpt2 tokenizer finds its ranks file."""
+    """Open a prepared directory; `cache_dir` is where a gpt2 tokenizer finds its ranks file.
+
+    A damaged cache (meta.json unreadable, a .bin cut short) is refused in one line naming the
+    directory, so the fix (delete it, it is prepared again) is obvious.
+    """
     directory = Path(directory)
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{directory} is not prepared data: it has no meta.json")
-    meta = json.loads(meta_path.read_text())
-    dtype = np.dtype(meta["dtype"])
-    train, val = (np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r") for split in SPLITS)
-    assert len(train) == meta["train_tokens"], f"{directory}/train.bin does not match meta.json"
-    assert len(val) == meta["val_tokens"], f"{directory}/val.bin does not match meta.json"
-    return PreparedData(directory, train, val, meta, tokenizer_from_meta(meta["tokenizer"], cache_dir))
+    damaged = f"prepared data in {directory} is damaged"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        counts = {split: int(meta[f"{split}_tokens"]) for split in SPLITS}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{damaged}: {meta_path} is not valid ({type(e).__name__}); delete the directory") from None
+    tokens = {}
+    for split in SPLITS:
+        path = directory / f"{split}.bin"
+        size = path.stat().st_size if path.is_file() else -1
+        if size != counts[split] * dtype.itemsize:
+            raise ValueError(
+                f"{damaged}: {path} holds {max(size, 0)} bytes, meta.json says {counts[split]} tokens "
+                f"of {dtype.itemsize} bytes; delete the directory to prepare it again"
+            )
+        tokens[split] = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+    tokenizer = tokenizer_from_meta(meta["tokenizer"], cache_dir)
+    return PreparedData(directory, tokens["train"], tokens["val"], meta, tokenizer)

@@ -4,13 +4,16 @@ Every source becomes a `datasets.Dataset` with one column, "text", one row per d
 `source_identity` describes the same data cheaply (no loading) so prepared caches can be keyed on it.
 """
 
+import codecs
 import glob
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from data import fetch
 from data.config import DataConfig, resolve_cache_dir
+
+if TYPE_CHECKING:  # `datasets` is imported only when documents are really loaded (a slow import)
+    import datasets
 
 
 def expand_files(patterns: list[str]) -> list[Path]:
@@ -58,7 +61,7 @@ def _file_stamp(path: Path) -> list:
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
 
-def load_documents(cfg: DataConfig) -> datasets.Dataset:
+def load_documents(cfg: DataConfig) -> "datasets.Dataset":
     """The corpus as a Dataset with a single "text" column, one row per document."""
     cache_dir = resolve_cache_dir(cfg.cache_dir)
     hf_cache = str(cache_dir / "hf_datasets")
@@ -73,7 +76,11 @@ def load_documents(cfg: DataConfig) -> datasets.Dataset:
     return _load_hub(cfg, hf_cache)
 
 
-def _load_text_files(paths: list[Path], hf_cache: str) -> datasets.Dataset:
+def _load_text_files(paths: list[Path], hf_cache: str) -> "datasets.Dataset":
+    import datasets
+
+    for path in paths:
+        check_utf8_text(path)
     # sample_by="document": one row per file, with its newlines kept.
     return datasets.load_dataset(
         "text",
@@ -84,7 +91,9 @@ def _load_text_files(paths: list[Path], hf_cache: str) -> datasets.Dataset:
     )
 
 
-def _load_hub(cfg: DataConfig, hf_cache: str) -> datasets.Dataset:
+def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
+    import datasets
+
     streaming = cfg.max_documents is not None
     ds = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=cfg.hub_split, streaming=streaming, cache_dir=hf_cache)
     if not streaming:
@@ -97,6 +106,23 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> datasets.Dataset:
             _check_column(cfg, list(row))
         texts.append(row[cfg.text_column])
     return datasets.Dataset.from_dict({"text": texts})
+
+
+def check_utf8_text(path: Path) -> None:
+    """Refuse a binary or non-UTF-8 file in one line before `datasets` fails on it at length."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            if b"\0" in chunk:
+                raise ValueError(f"data.files entry {str(path)!r} is a binary file; give UTF-8 text files")
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"data.files entry {str(path)!r} is not UTF-8 text (byte {offset + e.start}); give UTF-8 text files"
+                ) from None
+            offset += len(chunk)
 
 
 def _check_column(cfg: DataConfig, columns: list[str] | None) -> None:

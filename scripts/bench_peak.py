@@ -13,8 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from data.config import resolve_cache_dir
-from training.device import cpu_supports_bf16, resolve_device
-from training.mfu import device_name, peak_flops
+from training.runtime import cpu_supports_bf16, device_name, peak_flops, resolve_device
 
 
 def main() -> None:

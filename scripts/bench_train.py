@@ -20,12 +20,15 @@ not leak between rows.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,13 +41,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from data.batches import sample_batch
-from data.prepare import prepare
+from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
 from training.config import TrainConfig, register_configs
-from training.device import autocast, resolve_device
-from training.mfu import mfu, peak_flops
-from training.optim import build_optimizer
+from training.runtime import device_name, mfu, peak_flops, resolve_device
+from training.trainer import Trainer, train
 
 
 def load_config(overrides: list[str]) -> TrainConfig:
@@ -77,55 +79,87 @@ class MemoryMeter:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
 
 
-def build_hf_gpt2(cfg: TrainConfig, activation: str) -> torch.nn.Module:
-    """transformers' GPT2LMHeadModel of our model's shape (it adds biases), no dropout, the SDPA kernel."""
-    from transformers import GPT2LMHeadModel
+class HFAdapter(torch.nn.Module):
+    """transformers' GPT2LMHeadModel behind our forward(idx, targets) -> (logits, loss), so the HF rows
+    run through the same Trainer.step as ours (scaler, accumulation, clipping, guard, host read)."""
 
-    hf_cfg = to_hf_config(cfg.model)  # refuses shapes GPT-2 cannot express (d_k != d_model / n_head, GQA, ...)
-    hf_cfg.activation_function = activation  # a name for GELU's tanh form, as ours
-    hf_cfg.resid_pdrop = hf_cfg.embd_pdrop = hf_cfg.attn_pdrop = 0.0
-    hf_cfg._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(hf_cfg)
+    def __init__(self, cfg: TrainConfig, activation: str) -> None:
+        super().__init__()
+        from transformers import GPT2LMHeadModel
+
+        hf_cfg = to_hf_config(cfg.model)  # refuses shapes GPT-2 cannot express (d_k != d_model / n_head, GQA, ...)
+        hf_cfg.activation_function = activation  # a name for GELU's tanh form, as ours
+        hf_cfg.resid_pdrop = hf_cfg.embd_pdrop = hf_cfg.attn_pdrop = 0.0
+        hf_cfg._attn_implementation = "sdpa"
+        self.hf = GPT2LMHeadModel(hf_cfg)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.hf(input_ids=idx).logits
+        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def row_config(job: dict) -> tuple[TrainConfig, PreparedData]:
+    cfg = load_config(job["overrides"])
+    data = prepare(cfg.data, progress=False)
+    cfg.model.vocab_size = data.vocab_size
+    cfg.model.attn_backend = job.get("backend", cfg.model.attn_backend)
+    cfg.precision = job["precision"]
+    cfg.compile = job["compile"]
+    cfg.batch_size = job.get("batch_size", cfg.batch_size)
+    if "block_size" in job:
+        cfg.model.block_size = job["block_size"]
+    return cfg, data
 
 
 def prepare_row(job: dict) -> tuple[Callable[[int], None], Callable[[int], object], dict]:
-    """One row of the table, built: step(i) runs an optimizer step on batch i; batch(i) only cuts it."""
-    cfg = load_config(job["overrides"])
+    """One row of the table, built: step(i) runs the trainer's own optimizer step (Trainer.step, the one
+    `python train.py` runs); batch(i) only cuts a batch."""
+    cfg, data = row_config(job)
     device = resolve_device(cfg.device)
-    data = prepare(cfg.data, progress=False)
-    cfg.model.vocab_size = data.meta["vocab_size"]
-    cfg.model.attn_backend = job.get("backend", cfg.model.attn_backend)
-    if "block_size" in job:
-        cfg.model.block_size = job["block_size"]
-    torch.manual_seed(0)
-    model = (build_hf_gpt2(cfg, job["hf"]) if job.get("hf") else GPT(cfg.model)).to(device)
-    optimizer = build_optimizer(model, cfg.optim, device.type)
-    train_model = torch.compile(model) if job["compile"] else model
-    ctx = autocast(device, job["precision"])
-    batch_size, T = job.get("batch_size", cfg.batch_size), cfg.model.block_size
+    trainer = Trainer(cfg, data, device)
+    if job.get("hf"):
+        torch.manual_seed(0)
+        trainer.model = trainer.train_model = HFAdapter(cfg, job["hf"]).to(device)
+        trainer.optimizer = trainer.new_optimizer(trainer.model)
+    if cfg.compile:
+        trainer.train_model = torch.compile(trainer.model)
 
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = sample_batch(data.train, batch_size, T, seed=0, step=i)
+        x, y = sample_batch(data.train, cfg.batch_size, cfg.model.block_size, seed=0, step=i)
         return x.to(device), y.to(device)
 
     def step(i: int) -> None:
-        x, y = batch(i)
-        with ctx:
-            loss = train_model(input_ids=x, labels=x).loss if job.get("hf") else train_model(x, y)[1]
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        trainer.step(cfg.optim.lr)  # reads loss and grad norm on the host: the device has finished
 
     info = {
         "device": device,
-        "tokens_per_step": batch_size * T,
+        "tokens_per_step": trainer.tokens_per_step,
         "flops_per_token": GPT(cfg.model).flops_per_token(),  # the same shape, so the same useful work
-        "precision": job["precision"],
+        "precision": trainer.precision,
     }
     return step, batch, info
+
+
+def loop_overhead(job: dict) -> dict:
+    """The whole `python train.py` loop (data, guard, logging, metrics.jsonl, progress bar) against the
+    bare Trainer.step, in one process, in alternating rounds; the loop's tokens/s is the median over its
+    log intervals (what summary.json reports), evaluation excluded."""
+    step, _, info = prepare_row(job)
+    for i in range(job["warmup"]):
+        step(i)
+    bare, loop = [], []
+    for round_ in range(job["rounds"]):
+        times = [timed(step, i) for i in range(job["steps"])]
+        bare.append(info["tokens_per_step"] / statistics.median(times))
+        with tempfile.TemporaryDirectory() as out:
+            cfg, _ = row_config(job)
+            cfg.out_dir, cfg.max_steps, cfg.budget_s = out, job["loop_steps"], None
+            cfg.eval_interval, cfg.log_interval, cfg.sample_tokens, cfg.progress = 10**9, 5, 0, True
+            cfg.seed += round_
+            with contextlib.redirect_stderr(io.StringIO()):  # the bar runs, out of sight
+                train(cfg)
+            loop.append(json.loads((Path(out) / "summary.json").read_text())["tokens_per_s"])
+    return {"bare": statistics.median(bare), "loop": statistics.median(loop)}
 
 
 def timed(fn: Callable[[int], object], i: int) -> float:
@@ -231,6 +265,20 @@ def throughput_table(args: argparse.Namespace) -> None:
                 print(f"default / HF GPT2 ({activation}, bf16, eager): {default / hf:.2f}x")
 
 
+def loop_table(args: argparse.Namespace) -> None:
+    """The loop users run against the bare step, at the default config (target: at most 5% overhead)."""
+    job = {"precision": "auto", "compile": False, "overrides": args.overrides, "warmup": args.warmup}
+    job |= {"steps": args.steps, "rounds": 3, "loop_steps": max(20, 2 * args.steps)}
+    r = run_worker(job)
+    if r:
+        overhead = 1 - r["loop"] / r["bare"]
+        print(
+            f"\nwhole train.py loop {r['loop']:,.0f} tokens/s vs bare Trainer.step {r['bare']:,.0f} tokens/s "
+            f"(default config, median of 3 alternating rounds): loop overhead {overhead:.1%}",
+            flush=True,
+        )
+
+
 def memory_table(args: argparse.Namespace) -> None:
     print(f"\nmemory of one training step vs block_size (batch 1, {args.memory_precision}), MB above the model")
     print(f"{'block_size':>10}{'explicit':>10}{'sdpa':>10}{'ratio':>8}")
@@ -264,16 +312,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         payload = json.loads(args.worker)
-        print(json.dumps(measure_interleaved(payload) if isinstance(payload, list) else measure(payload)))
+        if isinstance(payload, list):
+            print(json.dumps(measure_interleaved(payload)))
+        else:
+            print(json.dumps(loop_overhead(payload) if payload.get("loop_steps") else measure(payload)))
         return
     device = resolve_device(load_config(args.overrides).device)
     print(
-        f"attnlab bench_train: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, device {device}, "
-        f"{torch.get_num_threads()} threads"
+        f"attnlab bench_train: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, device {device} "
+        f"({device_name(device)}), {torch.get_num_threads()} threads"
     )
     peaks = {p: peak_flops(device, p, remeasure=True) for p in ("fp32", "bf16")}  # fresh, in this run
     print(f"matmul peak: fp32 {peaks['fp32'] / 1e12:.3f} TFLOP/s, bf16 {peaks['bf16'] / 1e12:.3f} TFLOP/s")
     throughput_table(args)
+    loop_table(args)
     if args.memory_sizes:
         memory_table(args)
 

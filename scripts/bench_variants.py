@@ -4,9 +4,10 @@ token, cached decoding tokens/s.
     python -m scripts.bench_variants                       # the default model shape (small.yaml)
     python -m scripts.bench_variants --d-model 128 --block-size 128 --batch-size 16
 
-Every variant is the same shape (4 layers, 4 heads) with random weights. A training step is forward
-+ backward + AdamW under the precision train.py would pick (bf16 on CPUs that have it), on random
-tokens. The variants take turns (round robin, `--rounds` times), so a load spike on a shared machine
+Every variant is the same shape (4 layers, 4 heads) with random weights. A training step is the
+trainer's own step (Trainer.step: forward, backward, clipping, guard, optimizer) under the precision
+train.py would pick (bf16 on CPUs that have it), on the default data.
+The variants take turns (round robin, `--rounds` times), so a load spike on a shared machine
 hits them alike; each figure is a median. KV bytes/token = 2 (K and V) x n_layer x n_kv_head x d_k
 x the cache's element size (the weights' dtype: fp32 here, as scripts/sample.py loads checkpoints).
 """
@@ -22,8 +23,11 @@ if __package__ in (None, ""):  # run as a file: make the repo importable
 
 import torch
 
-from model import GPT, GPTConfig
-from training.device import autocast, resolve_device, resolve_precision
+from data.prepare import prepare
+from model import GPTConfig
+from training.config import TrainConfig
+from training.runtime import device_name, resolve_device
+from training.trainer import Trainer
 
 VARIANTS = {  # name -> GPTConfig overrides (the README table's rows)
     "learned (GPT-2)": {},
@@ -34,7 +38,6 @@ VARIANTS = {  # name -> GPTConfig overrides (the README table's rows)
     "qk_norm": {"qk_norm": True},
     "rope + gqa 2 + qk_norm": {"pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
 }
-VOCAB = 85  # Shakespeare's characters + EOT
 
 
 def main() -> None:
@@ -49,34 +52,27 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device("auto")
-    precision = resolve_precision("auto", device)
-
-    models, optimizers = {}, {}
+    trainers = {}
     for name, overrides in VARIANTS.items():
-        torch.manual_seed(0)
-        cfg = GPTConfig(vocab_size=VOCAB, block_size=args.block_size, d_model=args.d_model, **overrides)
-        models[name] = GPT(cfg).to(device)
-        optimizers[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, VOCAB, (args.batch_size, args.block_size), generator=g).to(device)
-    y = torch.randint(0, VOCAB, (args.batch_size, args.block_size), generator=g).to(device)
+        cfg = TrainConfig(out_dir="unused", batch_size=args.batch_size, seed=0)
+        cfg.model = GPTConfig(block_size=args.block_size, d_model=args.d_model, **overrides)
+        data = prepare(cfg.data, progress=False)
+        cfg.model.vocab_size = data.vocab_size
+        trainers[name] = Trainer(cfg, data, resolve_device(cfg.device))
+    any_trainer = next(iter(trainers.values()))
+    device, precision = any_trainer.device, any_trainer.precision
+    models = {name: t.model for name, t in trainers.items()}
 
     def train_steps(name: str) -> float:
-        model, opt = models[name], optimizers[name]
-        model.train()
+        """Seconds per step of the trainer's own step (Trainer.step, as `python train.py` runs it)."""
+        trainer = trainers[name]
+        trainer.model.train()
         start = time.perf_counter()
         for _ in range(args.steps):
-            with autocast(device, precision):
-                _, loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+            trainer.step(trainer.cfg.optim.lr)
         return (time.perf_counter() - start) / args.steps
 
-    prompt = x[:1, :16]
+    prompt = torch.from_numpy(data.val[:16].astype("int64"))[None].to(device)
 
     def decode(name: str) -> float:
         model = models[name].eval()
@@ -98,7 +94,7 @@ def main() -> None:
     base = statistics.median(step_s["learned (GPT-2)"])
     print(
         f"d_model {args.d_model}, 4 layers, 4 heads, block_size {args.block_size}, batch {args.batch_size}, "
-        f"{device} {precision}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        f"{device} ({device_name(device)}) {precision}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     columns = ("params", "train tok/s", "vs GPT-2", "KV B/token", "decode tok/s")
     header = f"{'variant':<24} | " + " | ".join(f"{c:>{max(len(c), 8)}}" for c in columns)

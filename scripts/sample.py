@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import Tokenizer, tokenizer_from_meta
 from model.sampling import check_sampling_args
 from training.checkpoint import load_model
-from training.device import resolve_device
+from training.runtime import resolve_device
 
 SEPARATOR = "\n---------------\n"
 

@@ -53,3 +53,36 @@ def hand_count(V, T, L, H, dk, D, F, bias, H_kv=None, qk_norm=False, learned_pos
         per_layer += 2 * dk  # an RMSNorm gain over d_k for Q and one for K
     positions = T * D if learned_positions else 0  # sinusoidal and RoPE have no parameters
     return V * D + positions + L * per_layer + (2 * D if bias else D)  # + final LayerNorm
+
+
+def tiny_config(tmp_path: Path, *overrides: str):
+    """The real configs composed for a seconds-long run on a generated corpus under tmp_path, validated."""
+    from training.config import to_train_config
+
+    files = write_corpus(tmp_path / "corpus")
+    return to_train_config(
+        compose_config(
+            [
+                "+debug=tiny",
+                "data.source=files",
+                f"data.files=[{','.join(files)}]",
+                f"data.cache_dir={tmp_path / 'cache'}",
+                f"out_dir={tmp_path / 'run'}",
+                "progress=false",
+                *overrides,
+            ]
+        )
+    )
+
+
+def tiny_trainer(tmp_path: Path, *overrides: str):
+    """A Trainer on the CPU over tiny_config's data, ready to step (no run directory)."""
+    import torch
+
+    from data.prepare import prepare
+    from training.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, *overrides)
+    data = prepare(cfg.data, progress=False)
+    cfg.model.vocab_size = data.vocab_size
+    return Trainer(cfg, data, torch.device("cpu"))

@@ -4,6 +4,10 @@ YAML files under `configs/` only choose values; the types, defaults and rules li
 the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`).
 """
 
+import dataclasses
+import difflib
+import math
+import typing
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
@@ -11,12 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.config import DataConfig
 from model.gpt import GPTConfig
-from training.device import PRECISIONS
 from training.distributed import DistributedConfig
 from training.fairness import FairnessConfig
 from training.guards import NONFINITE_POLICIES
 from training.loggers import LoggerConfig
 from training.optim import OptimConfig
+from training.runtime import PRECISIONS
 
 
 @dataclass
@@ -34,7 +38,8 @@ class TrainConfig:
     batch_size: int = 32  # sequences per micro-batch (ranks may split it: training/batch_layout.py)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
     global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
-    max_steps: int = 600
+    max_steps: int | None = 600  # optimizer steps; with budget_s, the run ends at whichever comes first
+    budget_s: float | None = None  # training wall-clock (steps + evals); the LR schedule runs on elapsed / budget
     eval_interval: int = 100
     eval_batches: int = 10
     log_interval: int = 10
@@ -58,7 +63,6 @@ class TrainConfig:
         positive = {
             "batch_size": self.batch_size,
             "grad_accum_steps": self.grad_accum_steps,
-            "max_steps": self.max_steps,
             "eval_interval": self.eval_interval,
             "eval_batches": self.eval_batches,
             "log_interval": self.log_interval,
@@ -67,6 +71,12 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name}={value} is invalid; it must be >= 1")
+        if self.max_steps is None and self.budget_s is None:
+            raise ValueError("max_steps and budget_s are both null; give max_steps=N, budget_s=SECONDS or both")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} is invalid; it must be >= 1 (or null with budget_s set)")
+        if self.budget_s is not None and not 0 < self.budget_s < math.inf:
+            raise ValueError(f"budget_s={self.budget_s} is invalid; it must be a finite number of seconds > 0")
         if self.global_batch_size is not None:
             if self.grad_accum_steps != 1:
                 raise ValueError(
@@ -86,6 +96,8 @@ class TrainConfig:
             raise ValueError(
                 f"on_nonfinite={self.on_nonfinite!r} is unknown; choose one of: {', '.join(NONFINITE_POLICIES)}"
             )
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed} is invalid; it must be an integer in [0, 2**63)")
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} is invalid; it must be >= 0")
 
@@ -94,9 +106,26 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
+def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
+    """Keys that `+key=value` added but no schema field reads (OmegaConf would drop them silently)."""
+    hints = typing.get_type_hints(schema)
+    unknown = []
+    for key in cfg:
+        name = f"{prefix}{key}"
+        if key not in hints:
+            near = difflib.get_close_matches(str(key), list(hints), n=1)
+            unknown.append(name + (f" (did you mean {prefix}{near[0]}?)" if near else ""))
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(cfg[key], DictConfig):
+            unknown += unknown_keys(cfg[key], hints[key], f"{name}.")
+    return unknown
+
+
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """Hydra's DictConfig (typed by the schema) -> the plain dataclass, validated."""
     if not isinstance(cfg, TrainConfig):
+        unknown = unknown_keys(cfg, TrainConfig)
+        if unknown:
+            raise ValueError(f"unknown config key {', '.join(unknown)}; `python train.py --help` lists every key")
         cfg = OmegaConf.to_object(cfg)
     cfg.validate()
     return cfg

@@ -266,6 +266,15 @@ def max_over_ranks(value: int, info: DistInfo) -> int:
     return int(out.item())
 
 
+def max_over_ranks_float(value: float, info: DistInfo) -> float:
+    """The largest of a float across ranks (a budget's elapsed time: every rank stops at the same step)."""
+    if not info.enabled:
+        return value
+    out = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out.item())
+
+
 def full_tensor(value: Tensor) -> Tensor:
     """A DTensor (FSDP2 parameters, gradients, norms) gathered into a plain tensor; others unchanged."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -14,16 +14,20 @@ Under iso_flop and iso_time the configured max_steps is replaced; the value used
 run_info.json. A resumed iso_time run measures again, so its max_steps may differ: resume iso_flop.
 """
 
-import copy
+import logging
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from model.gpt import GPTConfig
+
+if TYPE_CHECKING:
+    from training.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 FAIRNESS_MODES = ("fixed_d_model", "iso_param", "iso_flop", "iso_time")
 
@@ -79,27 +83,29 @@ def steps_for_time(time_budget_s: float, seconds_per_step: float) -> int:
     return steps
 
 
-def measure_seconds_per_step(
-    model: torch.nn.Module,
-    make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer],
-    train_step: Callable[[torch.nn.Module, torch.optim.Optimizer, int], Tensor],
-    steps: int,
-    compile: bool = False,
-) -> float:
-    """Median seconds of `train_step` on a deep copy, after one warm-up step (compile, allocator).
+def max_steps_for(cfg: FairnessConfig, probe: "Trainer") -> int:
+    """max_steps under iso_flop (from the FLOP budget) or iso_time (from a probe's measured step time)."""
+    if cfg.mode == "iso_flop":
+        return steps_for_flops(cfg.flop_budget, probe.model.flops_per_token(), probe.tokens_per_step)
+    seconds = measure_seconds_per_step(probe, cfg.calibration_steps)
+    steps = steps_for_time(cfg.time_budget_s, seconds)
+    log.info("iso_time: %.3f s/step -> max_steps %d", seconds, steps)
+    return steps
 
-    The copy keeps the real model and optimizer untouched, and forking the RNG keeps the run's
-    random stream (dropout) the same as without calibration.
+
+def measure_seconds_per_step(probe: "Trainer", steps: int) -> float:
+    """Median seconds of `probe.step` (the run's own step), after one warm-up step (compile, allocator).
+
+    The probe is the trainer's throw-away copy (Trainer.probe), so the run's model, optimizer and
+    loss scaler stay untouched; forking the RNG keeps the run's random stream (dropout) the same as
+    without calibration.
     """
-    probe = copy.deepcopy(model)
-    optimizer = make_optimizer(probe)
-    runner = torch.compile(probe) if compile else probe
-    devices = [p.device for p in probe.parameters() if p.device.type == "cuda"][:1]
+    devices = [p.device for p in probe.model.parameters() if p.device.type == "cuda"][:1]
     times = []
     with torch.random.fork_rng(devices=devices):
-        for step in range(steps + 1):
+        for i in range(steps + 1):
             t0 = time.perf_counter()
-            train_step(runner, optimizer, step).item()  # .item() waits for the device
-            if step > 0:
+            probe.step(probe.cfg.optim.lr)  # reads the loss on the host, so the device has finished
+            if i > 0:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -1,8 +1,83 @@
-"""Non-finite guards: a NaN/inf loss or gradient norm stops the run naming the step, or (with
-`on_nonfinite=skip`) the step's update is dropped and counted; weights are checked before a save."""
+"""What stops a run, and how it stops cleanly.
 
+- Data checks before any work: the vocabulary covers the data, every split holds one batch, every token
+  id is inside the vocabulary (a corrupt cache would otherwise reach the embedding as an index error).
+- Non-finite guards: a NaN/inf loss or gradient norm stops the run naming the step, or (with
+  `on_nonfinite=skip`) the step's update is dropped and counted; weights are checked before a save.
+- SIGTERM / SIGINT: the handler only sets a flag (no I/O in a signal handler); the loop finishes its
+  step, saves, and exits with 128 + signal. A second Ctrl-C interrupts at once. Handlers are installed
+  only around the loop, and only from the main thread (Python's rule for `signal.signal`).
+"""
+
+import os
+import shlex
+import signal
+import threading
+from types import FrameType, TracebackType
+
+import numpy as np
 import torch
 from torch import Tensor, nn
+
+from data.prepare import PreparedData
+from model.gpt import GPTConfig
+
+SCAN_CHUNK = 1 << 24  # tokens per pass; keeps the scan of a huge memmap out of memory
+
+
+def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> None:
+    vocab = data.vocab_size
+    if model.vocab_size is not None and model.vocab_size < vocab:
+        raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab})")
+    need = batch_size * model.block_size + 1
+    for split in ("train", "val"):
+        tokens = getattr(data, split)
+        if len(tokens) < need:
+            raise ValueError(
+                f"the {split} split has {len(tokens)} tokens, fewer than one batch needs "
+                f"(batch_size={batch_size} x model.block_size={model.block_size} + 1 = {need}); "
+                "use more data or a smaller batch_size / model.block_size"
+            )
+        top = max_token(tokens)
+        if top >= vocab:
+            raise ValueError(
+                f"the {split} split holds token id {top}, outside the vocabulary [0, {vocab}); "
+                f"the prepared data in {data.directory} is corrupt: delete it to prepare again"
+            )
+
+
+def check_prompt(data: PreparedData, prompt: str, sample_tokens: int) -> None:
+    """The end-of-run sample's prompt must be encodable, checked now rather than after training."""
+    if sample_tokens > 0:
+        try:
+            data.tokenizer.encode(prompt)
+        except (KeyError, ValueError) as e:
+            raise ValueError(
+                f"sample_prompt={prompt!r} cannot be encoded by the {data.tokenizer_meta['name']} tokenizer ({e})"
+            ) from None
+
+
+def check_fits_in_memory(model: GPTConfig, device: torch.device) -> None:
+    """Refuse a model whose weights, gradients and AdamW state (16 bytes/parameter) exceed the memory."""
+    from model import GPT
+
+    with torch.device("meta"):
+        params = GPT(model).num_params()
+    need = 16 * params
+    if device.type == "cuda":
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(
+            f"the model has {params / 1e6:,.0f}M parameters and needs about {need / 2**30:,.1f} GiB to train; "
+            f"this {device.type} has {have / 2**30:,.1f} GiB: make model.d_model / model.n_layer smaller"
+        )
+
+
+def max_token(tokens: np.ndarray) -> int:
+    return max(int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK))
+
 
 NONFINITE_POLICIES = ("stop", "skip")
 
@@ -39,3 +114,50 @@ def check_weights_finite(model: nn.Module, step: int) -> None:
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise FloatingPointError(f"step {step}: weights {', '.join(bad[:3])} are not finite; not saving them")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class RunInterrupted(Exception):
+    """Raised by `train` after a signal-triggered save; `exit_code` is the shell's 128 + signum."""
+
+    def __init__(self, signum: int, step: int, path: str, out_dir: str) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"stopped by {name} after step {step}; saved {path}; continue with: {continue_command(out_dir)}"
+        )
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def continue_command(out_dir: str) -> str:
+    """The exact command that continues the run in `out_dir` (a bare resume=auto would get a new directory)."""
+    return f"python train.py out_dir={shlex.quote(str(out_dir))} resume=auto"
+
+
+class StopSignals:
+    """Context manager; `requested` is the first stop signal received, or None."""
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
+        self.requested: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

@@ -50,11 +50,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
     )
 
 
-def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
-    """Linear warmup to lr over warmup_steps, then cosine decay to min_lr at max_steps."""
+def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
+    """Linear warmup to lr over warmup_steps, then cosine decay to min_lr as progress (0..1) reaches 1.
+
+    progress is the fraction of training done: step / max_steps, or elapsed / budget_s under a time
+    budget, so the decay lands at the end on a fast or a slow machine alike.
+    """
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= max_steps:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps)
+    progress = min(max(progress, 0.0), 1.0)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)

@@ -8,7 +8,7 @@ is always 0. RNG states are restored by the caller just before the first step.
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,18 @@ import torch
 from torch import nn
 
 from data.prepare import PreparedData
+from model.gpt import GPTConfig
 from training import checkpoint as ckpt_io
 from training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_k", "d_ff", "bias")
+# Every GPTConfig field must match on resume, except these, which change how the same function is
+# computed or regularised, not which function the weights define:
+RESUMABLE_MODEL_FIELDS = {
+    "attn_backend",  # explicit / sdpa / materialized compute the same attention (tests prove it)
+    "dropout",  # regularisation only; the weights mean the same with or without it
+}
 # Allowed to change on resume, but then the run no longer matches an uninterrupted one.
 TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "max_steps", "optim")
 
@@ -32,6 +38,7 @@ class RunState:
     best_val_loss: float = math.inf
     skipped_steps: int = 0  # non-finite steps dropped under on_nonfinite=skip
     wandb_run_id: str | None = None
+    elapsed_s: float = 0.0  # training wall-clock so far: a budget_s run resumes its schedule from here
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> "RunState":
@@ -43,9 +50,9 @@ def checkpoint_meta(state: RunState, config: dict[str, Any], data: PreparedData,
         **asdict(state),
         "data_position": {"seed": config["seed"], "step": state.step, "micro_step": 0},
         "config": config,
-        "tokenizer": data.meta["tokenizer"],
-        "vocab_size": data.meta["vocab_size"],
-        "data_fingerprint": data.meta["fingerprint"],
+        "tokenizer": data.tokenizer_meta,
+        "vocab_size": data.vocab_size,
+        "data_fingerprint": data.fingerprint,
         "metrics": metrics,
     }
 
@@ -62,30 +69,39 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, dat
     where = f"checkpoint {str(path)!r}"
     if "optim_param_groups" not in ckpt.meta:
         raise ValueError(f"{where} holds no optimizer state (weights only); it can be sampled from, not resumed")
-    if ckpt.meta.get("tokenizer") != data.meta["tokenizer"]:
-        saved, now = describe_tokenizer(ckpt.meta.get("tokenizer")), describe_tokenizer(data.meta["tokenizer"])
+    if ckpt.meta.get("tokenizer") != data.tokenizer_meta:
+        saved, now = describe_tokenizer(ckpt.meta.get("tokenizer")), describe_tokenizer(data.tokenizer_meta)
         if saved == now:  # e.g. two char vocabularies of the same size
             now += " with other symbols"
         raise ValueError(f"{where} was trained with tokenizer {saved}, which does not match the data's tokenizer {now}")
-    if ckpt.meta.get("vocab_size") != data.meta["vocab_size"]:
+    if ckpt.meta.get("vocab_size") != data.vocab_size:
         raise ValueError(
             f"{where} was trained on a vocabulary of {ckpt.meta.get('vocab_size')} tokens; "
-            f"the data's is {data.meta['vocab_size']}"
+            f"the data's is {data.vocab_size}"
         )
     saved = ckpt.meta["config"]
-    model_now = asdict(cfg.model)
-    for key in ARCH_KEYS:
-        if saved["model"].get(key) != model_now[key]:
-            raise ValueError(
-                f"{where} has model.{key}={saved['model'].get(key)} but this run has model.{key}={model_now[key]}; "
-                "resume with the checkpoint's model config"
-            )
+    check_same_model(saved["model"], cfg.model, where)
     now = asdict(cfg)
     changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != now[key]]
     if ckpt.meta.get("data_fingerprint") != data.meta["fingerprint"]:
         changed.append("data")
     if changed:
         log.warning("resuming with a different %s: the run continues, but not as the original would have", changed)
+
+
+def check_same_model(saved: dict[str, Any], model: GPTConfig, where: str) -> None:
+    """Every GPTConfig field (derived from the dataclass, so a new knob is covered) must match, but the
+    RESUMABLE_MODEL_FIELDS; a field the checkpoint predates must still be at its default."""
+    defaults = asdict(GPTConfig())
+    for f in fields(GPTConfig):
+        if f.name in RESUMABLE_MODEL_FIELDS:
+            continue
+        then, now = saved.get(f.name, defaults[f.name]), getattr(model, f.name)
+        if then != now:
+            raise ValueError(
+                f"{where} has model.{f.name}={then!r} but this run has model.{f.name}={now!r}; "
+                "resume with the checkpoint's model config"
+            )
 
 
 def restore(

@@ -1,10 +1,26 @@
-"""A run's directory: checkpoint naming and rotation, `resume=auto`, refusing to clobber a run,
-and trimming `metrics.jsonl` back to the step a resumed run continues from."""
+"""A run's directory, and the rule that nothing in it is ever lost.
 
+    RUN/.lock                        held (flock) by the live run; holds its PID and command
+    RUN/config.yaml, train.log, metrics.jsonl, run_info.json, summary.json
+    RUN/checkpoints/step_NNNNNNN.safetensors (the newest keep_last), best.safetensors
+
+- One live run per directory: an exclusive `flock` on RUN/.lock for the run's life. The kernel drops
+  it when the holder exits or dies, so a lock is never stale; a second run is refused in one line.
+- A run deletes only checkpoints it owns: files it wrote itself, or regular files it verified as
+  attnlab checkpoints (format and digest) before taking the directory over. Never a symlink, never a
+  file it could not read, never anything it does not know.
+- A fresh run refuses a directory that holds another run's files unless overwrite=true, and even then
+  refuses one holding anything it cannot verify. resume=auto continues from the newest checkpoint and
+  refuses when that one cannot be read (rather than going back to an older one and overwriting it).
+"""
+
+import fcntl
 import json
 import logging
 import os
 import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +32,60 @@ from training.checkpoint import atomic_write_bytes, load_checkpoint, save_checkp
 log = logging.getLogger(__name__)
 
 STEP_NAME = re.compile(r"step_(\d+)\.safetensors")
+BEST = "best.safetensors"
+LOCK = ".lock"
+# Written into a sweep job's directory by Hydra before the run starts; they do not make it another run's.
+NOT_A_RUN = {LOCK, ".hydra", "train.log"}
 
 
 def checkpoint_step(path: Path) -> int | None:
     match = STEP_NAME.fullmatch(path.name)
     return int(match.group(1)) if match else None
+
+
+class RunLock:
+    """An exclusive lock on a run directory; `release(discard=True)` also removes a directory that
+    `acquire` created and nothing else was written to (a run refused at start-up leaves no trace)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.created = False
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"out_dir={str(self.directory)!r} is a file, not a directory")
+        self.created = not self.directory.exists()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ValueError(
+                f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self, discard: bool = False) -> None:
+        if self._fd is None:
+            return
+        if discard and self.created and {p.name for p in self.directory.iterdir()} <= {LOCK}:
+            (self.directory / LOCK).unlink(missing_ok=True)
+            self.directory.rmdir()
+        os.close(self._fd)  # closing the descriptor releases the flock
+        self._fd = None
+
+
+def run_files(directory: Path) -> list[str]:
+    """Names in a run directory that belong to some run (not the lock, not Hydra's job files)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir() if p.name not in NOT_A_RUN)
 
 
 class CheckpointDir:
@@ -29,9 +94,10 @@ class CheckpointDir:
     def __init__(self, directory: Path, keep_last: int = 2) -> None:
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.owned: set[str] = set()  # file names this run may delete
 
     def step_checkpoints(self) -> list[Path]:
-        """Step checkpoints, oldest first."""
+        """Step checkpoints, oldest first (symlinks included: they can be read, never deleted)."""
         return sorted(self.directory.glob("step_*.safetensors"), key=lambda p: checkpoint_step(p) or -1)
 
     def latest(self) -> Path | None:
@@ -39,79 +105,110 @@ class CheckpointDir:
         return existing[-1] if existing else None
 
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
-        """Which checkpoint to resume from, or None for a fresh run (refused over another run)."""
-        existing = self.step_checkpoints()
+        """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            if existing and not overwrite:
+            if run_files(self.directory.parent) and not overwrite:
+                held = ", ".join(run_files(self.directory.parent)[:4])
                 raise ValueError(
-                    f"{self.directory} already holds another run's checkpoints; "
-                    "pass resume=auto to continue it or overwrite=true to start over"
+                    f"{self.directory.parent} already holds another run's files ({held}); "
+                    "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
                 )
+            self.adopt(keep_up_to=-1)
             return None
         if resume != "auto":
             path = Path(resume).expanduser()
             if not path.is_file():
                 raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
-            self._refuse_clash(path, existing, overwrite)
+            load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
+            step = checkpoint_step(path) if self._holds(path) else -1
+            self._refuse_newer(step if step is not None else -1, overwrite, path.name)
+            self.adopt(keep_up_to=step if step is not None else -1)
             return path
-        errors = []
-        for path in reversed(existing):  # newest valid one
-            try:
-                load_checkpoint(path)
-                return path
-            except ValueError as e:
-                log.warning("skipping unreadable checkpoint: %s", e)
-                errors.append(str(e))
-        if errors:
+        newest = self.latest()
+        if newest is None:
+            if self.directory.is_dir() and any(self.directory.iterdir()):
+                raise ValueError(f"resume=auto: {self.directory} holds no step checkpoint to continue from")
+            return None
+        try:
+            load_checkpoint(newest)
+        except ValueError as e:
             raise ValueError(
-                f"resume=auto found no valid checkpoint in {self.directory}: {errors[0]}; "
-                "pass overwrite=true (and no resume) to start over"
-            )
-        log.info("resume=auto: no checkpoint in %s, starting fresh", self.directory)
-        return None
+                f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an older "
+                "one, or give resume=PATH"
+            ) from None
+        self.adopt(keep_up_to=checkpoint_step(newest) or -1)
+        return newest
 
-    def _refuse_clash(self, path: Path, existing: list[Path], overwrite: bool) -> None:
+    def _refuse_newer(self, step: int, overwrite: bool, name: str) -> None:
         """Resuming an older or a foreign checkpoint here would interleave two histories."""
-        step = checkpoint_step(path) if self._holds(path) else -1
-        clash = [p.name for p in existing if (checkpoint_step(p) or -1) > step]
-        if clash and not overwrite:
+        newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
+        if newer and not overwrite:
             raise ValueError(
-                f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(clash)}); "
-                "pass overwrite=true to discard them, or resume=auto for the newest"
+                f"{self.directory} holds checkpoints that {name} does not continue ({', '.join(newer)}); "
+                "pass overwrite=true to replace them, or resume=auto for the newest"
             )
 
     def _holds(self, path: Path) -> bool:
         return path.resolve().parent == self.directory.resolve()
 
-    def start(self, resume_from: Path | None, step: int) -> None:
-        """Before the first step: drop temp files of killed saves and any checkpoint this run replaces.
+    def adopt(self, keep_up_to: int) -> None:
+        """Take ownership of the files this run will replace: checkpoints after `keep_up_to` (and best,
+        for a fresh start) must be regular attnlab checkpoints, verified, or the run is refused."""
+        if not self.directory.is_dir():
+            return
+        for path in sorted(self.directory.iterdir()):
+            step = checkpoint_step(path)
+            if path.name.startswith(".") and ".tmp-" in path.name:
+                continue  # a killed save's temp file: removed when the run starts
+            if step is not None and step <= keep_up_to:
+                if not path.is_symlink():
+                    self.owned.add(path.name)  # this run's own history, rotated as it goes
+                continue
+            if path.name == BEST and keep_up_to >= 0:
+                continue  # a resumed run keeps best until it saves a better one
+            self._verify_replaceable(path)
+            self.owned.add(path.name)
 
-        Only reached once `resume_path` allowed it: the directory was empty, or overwrite=true.
-        """
+    def _verify_replaceable(self, path: Path) -> None:
+        what = f"{path} is not a checkpoint this run can verify"
+        if path.is_symlink() or not path.is_file():
+            raise ValueError(f"{what} (a symlink or not a regular file); move it away first")
+        if checkpoint_step(path) is None and path.name != BEST:
+            raise ValueError(f"{what} (an unknown file); move it away first")
+        try:
+            load_checkpoint(path)
+        except ValueError as e:
+            raise ValueError(f"{what} ({e}); move it away first") from None
+
+    def start(self, resume_from: Path | None, step: int) -> None:
+        """Before the first step: drop temp files of killed saves and the owned checkpoints this run
+        replaces (those after the step it continues from)."""
+        if not self.directory.is_dir():
+            return
         for tmp in self.directory.glob(".*.tmp-*"):
             log.info("removing %s, left by an interrupted save", tmp)
             tmp.unlink(missing_ok=True)
         keep_up_to = step if resume_from is not None and self._holds(resume_from) else -1
-        for path in self.step_checkpoints():
-            if (checkpoint_step(path) or -1) > keep_up_to:
-                log.warning("overwrite=true: removing %s", path)
-                path.unlink()
-        if keep_up_to < 0:
-            (self.directory / "best.safetensors").unlink(missing_ok=True)
+        for name in sorted(self.owned):
+            path = self.directory / name
+            if (checkpoint_step(path) or -1) > keep_up_to or (name == BEST and keep_up_to < 0):
+                log.warning("replacing %s: this run does not continue it", path)
+                path.unlink(missing_ok=True)
+                self.owned.discard(name)
 
-    def save(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        meta: dict[str, Any],
-        step: int,
-        is_best: bool,
-    ) -> Path:
-        path = save_checkpoint(self.directory / f"step_{step:07d}.safetensors", model, optimizer, meta)
-        if is_best:
-            link_or_copy(path, self.directory / "best.safetensors")
-        for old in self.step_checkpoints()[: -self.keep_last]:
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], step: int, is_best: bool):
+        name = f"step_{step:07d}.safetensors"
+        if (self.directory / name).is_symlink():
+            raise ValueError(f"{self.directory / name} is a symlink; this run will not write through it")
+        path = save_checkpoint(self.directory / name, model, optimizer, meta)
+        self.owned.add(name)
+        if is_best and not (self.directory / BEST).is_symlink():
+            link_or_copy(path, self.directory / BEST)
+            self.owned.add(BEST)
+        owned_steps = [p for p in self.step_checkpoints() if p.name in self.owned and not p.is_symlink()]
+        for old in owned_steps[: -self.keep_last]:
             old.unlink()
+            self.owned.discard(old.name)
         return path
 
 
@@ -140,3 +237,25 @@ def trim_metrics(path: Path, step: int) -> None:
         if isinstance(record, dict) and record.get("step", 0) <= step:
             kept.append(line + "\n")
     atomic_write_bytes(path, "".join(kept).encode())
+
+
+def newest_run(root: Path) -> Path | None:
+    """The most recently written run under `root` that holds a step checkpoint (for error hints)."""
+    runs = [p.parent.parent for p in Path(root).glob("**/checkpoints/step_*.safetensors")]
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+
+
+def point_latest(root: Path, run: Path) -> None:
+    """`root/latest` -> `run`, replaced atomically (a symlink, relative, so the tree can move)."""
+    link = Path(root) / "latest"
+    if link.exists() and not link.is_symlink():
+        return  # someone's own file or folder named latest: not ours to replace
+    tmp = link.with_name(f".latest.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
+    os.replace(tmp, link)
+
+
+def remove_tree_if_created(path: Path, created: bool) -> None:
+    if created and path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,19 +1,23 @@
-"""The training loop: `train(cfg)` prepares data, builds the model, trains, evaluates, checkpoints.
+"""The training loop as one object. `Trainer` owns a run's model, optimizer, loss scaler, batch layout and
+data; `step` is the one optimizer step that everything calls (the loop, iso_time calibration, the
+compile trial, the benchmarks), and `fit` is the loop, read top-down.
 
-Failures are handled in their own files: run_dir.py (which checkpoint to resume, no clobbering),
-resume.py (what a checkpoint records and restoring it), signals.py (SIGTERM/SIGINT: finish the
-step, save, exit), guards.py (non-finite loss or gradient), preflight.py (data checks).
+Around it: run_dir.py (the directory, its lock, which checkpoint to resume), resume.py (what a
+checkpoint must match), guards.py (data checks, non-finite steps, stop signals), loggers.py
+(metrics.jsonl, wandb, run_info/summary), runtime.py (device, precision, compile, MFU),
+distributed.py and batch_layout.py (torchrun), fairness.py (what an ablation holds fixed).
 """
 
-import contextlib
+import copy
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from data.batches import eval_batches, sample_batch
@@ -21,24 +25,322 @@ from data.prepare import PreparedData
 from data.prepare import prepare as prepare_data
 from model import GPT
 from training import checkpoint as ckpt_io
-from training import distributed
+from training import distributed, fairness
 from training.batch_layout import batch_layout
-from training.compile import compile_or_eager
 from training.config import TrainConfig
-from training.device import autocast, resolve_device, resolve_precision
+from training.distributed import DistInfo
 from training.evaluate import eval_metrics, mean_loss
-from training.fairness import measure_seconds_per_step, steps_for_flops, steps_for_time
-from training.guards import check_weights_finite, grad_norm_, is_finite, nonfinite_error, read_step
-from training.loggers import MetricsLogger
-from training.mfu import peak_flops
+from training.guards import (
+    RunInterrupted,
+    StopSignals,
+    check_data_fits,
+    check_fits_in_memory,
+    check_prompt,
+    check_weights_finite,
+    grad_norm_,
+    is_finite,
+    nonfinite_error,
+    read_step,
+)
+from training.loggers import MetricsLogger, log_to_file, write_config, write_run_info, write_summary
 from training.optim import build_optimizer, lr_at
-from training.preflight import check_data_fits
 from training.resume import RunState, checkpoint_meta, restore
-from training.run_dir import CheckpointDir, trim_metrics
-from training.run_info import write_run_info, write_summary
-from training.signals import RunInterrupted, StopSignals
+from training.run_dir import CheckpointDir, RunLock, trim_metrics
+from training.runtime import autocast, compile_or_eager, peak_flops, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean training loss of the step's micro-batches, all ranks
+    grad_norm: float  # before clipping
+    lr: float
+    applied: bool  # False when the update was dropped (non-finite under skip, or an fp16 overflow)
+
+
+class Trainer:
+    """One run's training state; `Trainer(cfg, data, device)` is ready to `step` (tests and benchmarks
+    use it so), `train(cfg)` below adds the run directory, resume and the loop."""
+
+    def __init__(self, cfg: TrainConfig, data: PreparedData, device: torch.device, dist: DistInfo | None = None):
+        self.cfg, self.data, self.device, self.dist = cfg, data, device, dist or DistInfo()
+        self.layout = batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, self.dist.world_size)
+        self.precision = resolve_precision(cfg.precision, device)
+        self.autocast = autocast(device, self.precision)
+        torch.manual_seed(cfg.seed)
+        self.model = GPT(cfg.model).to(device)
+        self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
+        self.optimizer = self.new_optimizer(self.model)
+        # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.state = RunState()
+        self.checkpoints: CheckpointDir | None = None  # set by train(); a bare Trainer saves nothing
+        self.resume_path: Path | None = None
+        self.val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
+        self.metrics: dict[str, float] = {}  # the last evaluation's
+
+    def new_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(model, self.cfg.optim, self.device.type)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step, all ranks together."""
+        return self.layout.micro_batch * self.layout.accum_steps * self.dist.world_size * self.cfg.model.block_size
+
+    def probe(self) -> "Trainer":
+        """A throw-away copy for calibration and the compile trial: the same config, data and weights,
+        but its own model, optimizer, scaler and state, so nothing it does reaches this run."""
+        probe = copy.copy(self)  # config, data, layout and device are only read
+        probe.model = probe.train_model = copy.deepcopy(self.model)
+        probe.optimizer = probe.new_optimizer(probe.model)
+        probe.scaler = torch.amp.GradScaler(self.device.type, enabled=self.scaler.is_enabled())
+        probe.state, probe.checkpoints = RunState(), None
+        return probe
+
+    def forward_backward(self, step: int) -> tuple[Tensor, Tensor]:
+        """This rank's micro-batches of `step`, forward and backward: (mean loss of all ranks, grad norm
+        before clipping), both still on the device."""
+        cfg, model = self.cfg, self.train_model
+        loss_sum = torch.zeros((), device=self.device)
+        accum = self.layout.accum_steps
+        for micro in range(accum):
+            micro_step, rows = self.layout.locate(micro, self.dist)  # rows of a one-process micro-batch
+            x, y = sample_batch(
+                self.data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro_step
+            )
+            x, y = x[rows], y[rows]
+            if self.device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with distributed.grad_sync(model, micro == accum - 1):  # all-reduce on the last micro-step only
+                with self.autocast:
+                    _, loss = model(x, y)
+                self.scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # clip and check the true gradients
+        norm = distributed.full_tensor(grad_norm_(list(model.parameters()), cfg.optim.grad_clip))
+        return distributed.mean_over_ranks(loss_sum / accum, self.dist), norm
+
+    def step(self, lr: float) -> StepResult:
+        """One optimizer step at `lr`, the run's next (`state.step`); the loop's one host sync reads
+        its loss and grad norm, to name a bad step and keep it out of the weights."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        loss, norm = read_step(*self.forward_backward(self.state.step))
+        self.state.step += 1
+        # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
+        applied = is_finite(loss, norm) or (self.scaler.is_enabled() and math.isfinite(loss))
+        if applied:
+            self.scaler.step(self.optimizer)
+        elif self.cfg.on_nonfinite == "skip":
+            self.state.skipped_steps += 1
+            log.warning("step %d: loss %s / grad norm %s; update skipped", self.state.step, loss, norm)
+        else:
+            last = self.checkpoints.latest() if self.checkpoints else None
+            raise nonfinite_error(self.state.step, loss, norm, str(last) if last else None)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss, norm, lr, applied)
+
+    def evaluate(self) -> dict[str, float]:
+        """Val loss, perplexity and bits/byte on the run's fixed val batches, shared out over ranks."""
+        loss = distributed.sharded_mean_loss(
+            lambda batches: mean_loss(self.train_model, batches, self.device, self.autocast),
+            self.val_batches,
+            self.dist,
+            self.device,
+        )
+        self.metrics = eval_metrics(loss, self.data.val_tokens, self.data.val_bytes)
+        return self.metrics
+
+    def save(self, is_best: bool) -> Path:
+        """A checkpoint of the whole state (FSDP shards gathered to rank 0, which writes it)."""
+        assert self.checkpoints is not None, "save() needs the run directory that train() sets"
+        meta = checkpoint_meta(self.state, asdict(self.cfg), self.data, self.metrics)
+        model, optimizer = distributed.gather_for_save(
+            self.model, self.optimizer, lambda: GPT(self.cfg.model), self.new_optimizer, self.dist
+        )
+
+        def write() -> Path:
+            check_weights_finite(model, self.state.step)
+            return self.checkpoints.save(model, optimizer, meta, self.state.step, is_best)
+
+        return distributed.broadcast_object(distributed.on_main(write, self.dist), self.dist)
+
+    def restore(self, path: Path) -> ckpt_io.Checkpoint:
+        self.state, ckpt = restore(path, self.cfg, self.model, self.optimizer, self.data)
+        self.metrics = ckpt.meta.get("metrics") or {}
+        return ckpt
+
+    def prepare(self) -> None:
+        """Before the first step: fairness budgets into max_steps, DDP/FSDP wrapping, compilation."""
+        cfg = self.cfg
+        if cfg.fairness.mode in ("iso_flop", "iso_time"):
+            probe = self.probe()
+            if cfg.compile:
+                probe.train_model = torch.compile(probe.model)
+            cfg.max_steps = fairness.max_steps_for(cfg.fairness, probe)
+        cfg.max_steps = distributed.broadcast_object(cfg.max_steps, self.dist)  # rank 0's timing decides
+        self.train_model, self.optimizer = distributed.wrap(
+            self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
+        )
+        if cfg.compile:  # compiled now on a probe's step, so a failing toolchain falls back to eager here
+            self.train_model = compile_or_eager(self.train_model, lambda compiled: self.trial_step(compiled))
+
+    def trial_step(self, compiled: nn.Module) -> None:
+        probe = self.probe()
+        probe.train_model = compiled
+        probe.forward_backward(self.state.step)
+
+    def progress(self, elapsed_s: float) -> float:
+        """Fraction of training done, toward whichever end comes first: max_steps or budget_s."""
+        done = [self.state.step / self.cfg.max_steps] if self.cfg.max_steps else []
+        if self.cfg.budget_s:
+            done.append(elapsed_s / self.cfg.budget_s)
+        return min(max(done), 1.0)
+
+    def fit(self, logger: MetricsLogger | None = None, resumed: ckpt_io.Checkpoint | None = None) -> dict[str, Any]:
+        """The loop: step, log, evaluate and save, until max_steps or budget_s; returns the final metrics.
+
+        Under a budget the run also stops early enough that its last evaluation and save still fit.
+        """
+        cfg = self.cfg
+        clock = Clock(self.state.elapsed_s, self.dist)
+        meter = Meter(self, logger)
+        if resumed is not None:
+            ckpt_io.restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
+        self.model.train()
+        with StopSignals() as stop, meter:
+            if cfg.budget_s and self.state.step == 0:
+                self.evaluate_and_log(meter, clock)  # the loss at init, and how long an evaluation takes
+            while self.progress(clock.now()) < 1.0 and not self.out_of_budget(clock):
+                result = self.step(lr_at(self.state.step, self.progress(clock.now()), cfg.optim))
+                last = self.progress(clock.now()) >= 1.0 or self.out_of_budget(clock)
+                meter.step_done(result, clock, last)
+                if self.state.step % cfg.eval_interval == 0 or last:
+                    self.evaluate_and_save(meter, clock)
+                requested = distributed.max_over_ranks(stop.requested or 0, self.dist)  # all stop at one step
+                if requested:
+                    saved = meter.saved_step == self.state.step
+                    path = self.checkpoints.latest() if saved else self.save_at(clock, is_best=False)
+                    raise RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
+        self.state.elapsed_s = clock.now()
+        meter.finish(self)
+        return self.metrics
+
+    def out_of_budget(self, clock: "Clock") -> bool:
+        """Whether one more step and the final evaluation would overrun budget_s."""
+        if not self.cfg.budget_s:
+            return False
+        return clock.now() + clock.step_s + clock.eval_s >= self.cfg.budget_s
+
+    def evaluate_and_log(self, meter: "Meter", clock: "Clock") -> float:
+        start = time.perf_counter()
+        metrics = self.evaluate()
+        meter.eval_done(metrics, clock)
+        log.info("step %d: val loss %.4f, bpb %.4f", self.state.step, metrics["val/loss"], metrics["val/bpb"])
+        clock.eval_s = time.perf_counter() - start
+        return metrics["val/loss"]
+
+    def evaluate_and_save(self, meter: "Meter", clock: "Clock") -> None:
+        val_loss = self.evaluate_and_log(meter, clock)
+        is_best = val_loss < self.state.best_val_loss
+        self.state.best_val_loss = min(self.state.best_val_loss, val_loss)
+        start = time.perf_counter()
+        self.save_at(clock, is_best)
+        meter.saved_step = self.state.step
+        clock.eval_s += time.perf_counter() - start
+
+    def save_at(self, clock: "Clock", is_best: bool) -> Path:
+        self.state.elapsed_s = clock.now()
+        return self.save(is_best)
+
+
+class Clock:
+    """Training wall-clock, continued across resumes; ranks agree on it (rank 0's counts), so all stop
+    at the same step. Keeps the last step's and the last evaluation's durations for the budget check."""
+
+    def __init__(self, already_s: float, dist: DistInfo) -> None:
+        self.start, self.already_s, self.dist = time.perf_counter(), already_s, dist
+        self.step_s = self.eval_s = 0.0
+
+    def now(self) -> float:
+        return distributed.max_over_ranks_float(self.already_s + time.perf_counter() - self.start, self.dist)
+
+
+class Meter:
+    """Logging around the loop: the progress bar, metrics.jsonl/wandb records, tokens/s and MFU."""
+
+    def __init__(self, trainer: Trainer, logger: MetricsLogger | None) -> None:
+        cfg = trainer.cfg
+        self.logger, self.log_interval = logger, cfg.log_interval
+        self.tokens_per_step = trainer.tokens_per_step
+        self.peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
+        self.flops_per_token = trainer.model.flops_per_token()
+        self.throughputs: list[float] = []
+        self.train_seconds = 0.0
+        self.saved_step = self.step = trainer.state.step
+        self.by_time = bool(cfg.budget_s)  # under a budget the bar counts seconds, since steps are not known
+        self.bar = tqdm(
+            initial=int(trainer.state.elapsed_s) if self.by_time else self.step,
+            total=int(cfg.budget_s) if self.by_time else cfg.max_steps,
+            unit="s" if self.by_time else "step",
+            disable=not cfg.progress or not trainer.dist.is_main,
+            dynamic_ncols=True,
+            desc="train",
+        )
+        self.interval_start, self.interval_step = time.perf_counter(), self.step
+        self.val_loss: float | None = None
+
+    def step_done(self, result: StepResult, clock: Clock, last: bool) -> None:
+        self.step = step = self.step + 1
+        self.bar.update(int(clock.now()) - self.bar.n if self.by_time else 1)
+        now = time.perf_counter()
+        clock.step_s = (now - self.interval_start) / max(1, step - self.interval_step)
+        if step % self.log_interval and not last:
+            return
+        elapsed = now - self.interval_start
+        tok_s = self.tokens_per_step * (step - self.interval_step) / elapsed
+        mfu = self.flops_per_token * tok_s / self.peak
+        self.throughputs.append(tok_s)
+        self.train_seconds += elapsed
+        self.interval_start, self.interval_step = now, step
+        record = {"train/loss": result.loss, "train/grad_norm": result.grad_norm, "lr": result.lr}
+        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu, "time/elapsed_s": clock.now()}
+        if self.logger:
+            self.logger.log(record, step)
+        postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
+        if self.val_loss is not None:
+            postfix["val"] = f"{self.val_loss:.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def eval_done(self, metrics: dict[str, float], clock: Clock) -> None:
+        self.val_loss = metrics["val/loss"]
+        if self.logger:
+            self.logger.log({**metrics, "time/elapsed_s": clock.now()}, self.step)
+        self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput
+
+    def finish(self, trainer: Trainer) -> None:
+        if trainer.dist.is_main:
+            write_summary(
+                Path(trainer.cfg.out_dir),
+                trainer.metrics,
+                trainer.state.step,
+                trainer.state.best_val_loss,
+                self.throughputs,
+                self.train_seconds,
+                self.flops_per_token,
+                self.tokens_per_step,
+            )
+
+    def __enter__(self) -> "Meter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+        if self.logger:
+            self.logger.close()
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -49,231 +351,97 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     before anything in out_dir is touched.
     """
     cfg.validate()
-    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist_info, device):
-        return train_on_rank(cfg, dist_info, device)
+    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device):
+        cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
+        lock = RunLock(Path(cfg.out_dir))
+        distributed.on_main(lock.acquire, dist)  # held until the run ends, however it ends
+        try:
+            trainer, resumed = set_up(cfg, dist, device)
+        except BaseException:
+            lock.release(discard=True)  # refused at start-up: a directory made for it goes again
+            raise
+        try:
+            if trainer.checkpoints is None:  # resumed a finished run: its records stay as they are
+                return trainer.metrics
+            metrics = trainer.fit(start_records(trainer, resumed), resumed)
+            if cfg.sample_tokens > 0:
+                print_sample(trainer)
+            return metrics
+        finally:
+            lock.release()
 
 
-def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: torch.device) -> dict[str, Any]:
-    """`train` on one rank (the only one, without torchrun); under torchrun all ranks run it in lockstep."""
-    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist_info)  # Hydra made one per rank
-    layout = batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, dist_info.world_size)
-    accum = layout.accum_steps
-    out_dir = Path(cfg.out_dir)
-    checkpoints = CheckpointDir(out_dir / "checkpoints", cfg.keep_last)
+def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trainer, ckpt_io.Checkpoint | None]:
+    """Every check, the data, the model and its resumed state; writes nothing into out_dir."""
+    checkpoints = CheckpointDir(Path(cfg.out_dir) / "checkpoints", cfg.keep_last)
     resume_path = checkpoints.resume_path(cfg.resume, cfg.overwrite)
-    distributed.check_same(
-        str(resume_path), "the checkpoint to resume", "out_dir must be on a shared filesystem", dist_info
-    )
-    precision = resolve_precision(cfg.precision, device)
-    data = distributed.main_first(lambda: prepare_data(cfg.data, progress=cfg.progress), dist_info)
+    distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
+    data = distributed.main_first(lambda: prepare_data(cfg.data, progress=cfg.progress), dist)
     check_data_fits(data, cfg.model, cfg.batch_size)
     if cfg.model.vocab_size is None:
-        cfg.model.vocab_size = data.meta["vocab_size"]
+        cfg.model.vocab_size = data.vocab_size
+    check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
+    check_fits_in_memory(cfg.model, device)
+    trainer = Trainer(cfg, data, device, dist)
+    resumed = trainer.restore(resume_path) if resume_path is not None else None
+    trainer.prepare()
+    if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
+        log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
+        return trainer, resumed
+    trainer.checkpoints = checkpoints
+    trainer.resume_path = resume_path
+    return trainer, resumed
 
-    def plain_model() -> GPT:  # the architecture on the CPU, for FSDP to gather shards into
-        return GPT(cfg.model)
 
-    def new_optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
-        return build_optimizer(m, cfg.optim, device.type)
+def start_records(trainer: Trainer, resumed: ckpt_io.Checkpoint | None) -> MetricsLogger | None:
+    """Every check has passed: only now may this run replace what out_dir holds."""
+    cfg, state, dist = trainer.cfg, trainer.state, trainer.dist
+    out_dir = Path(cfg.out_dir)
 
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model).to(device)
-    optimizer = new_optimizer(model)
-    state, ckpt = RunState(), None
-    if resume_path is not None:
-        state, ckpt = restore(resume_path, cfg, model, optimizer, data)
-    ctx = autocast(device, precision)
-    # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    tokens_per_step = layout.micro_batch * accum * dist_info.world_size * cfg.model.block_size  # all ranks
-
-    def forward_backward(m: torch.nn.Module, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's micro-batches forward and backward: (mean loss of all ranks, clipped grad norm), no host sync."""
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            micro_step, rows = layout.locate(micro, dist_info)  # rows of a one-process run's micro-batch
-            x, y = sample_batch(
-                data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro_step
-            )
-            x, y = x[rows], y[rows]
-            if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
-                x, y = x.pin_memory(), y.pin_memory()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with distributed.grad_sync(m, micro == accum - 1):  # all-reduce on the last micro-step only
-                with ctx:
-                    _, loss = m(x, y)
-                scaler.scale(loss / accum).backward()
-            loss_sum += loss.detach()
-        scaler.unscale_(optimizer)  # clip and check the true gradients
-        norm = distributed.full_tensor(grad_norm_(list(m.parameters()), cfg.optim.grad_clip))
-        return distributed.mean_over_ranks(loss_sum / accum, dist_info), norm
-
-    def train_step(m: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tensor:
-        """One optimizer step as iso_time calibration times it (the loop below also handles bad steps)."""
-        loss, norm = forward_backward(m, step)
-        if is_finite(*read_step(loss, norm)):
-            scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    # iso-FLOP / iso-time ablations derive max_steps from their budget (training/fairness.py).
-    if cfg.fairness.mode == "iso_flop":
-        cfg.max_steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
-    elif cfg.fairness.mode == "iso_time":
-        seconds = measure_seconds_per_step(
-            model,
-            lambda m: build_optimizer(m, cfg.optim, device.type),
-            train_step,
-            cfg.fairness.calibration_steps,
-            compile=cfg.compile,
-        )
-        cfg.max_steps = steps_for_time(cfg.fairness.time_budget_s, seconds)
-        log.info("iso_time: %.3f s/step -> max_steps %d", seconds, cfg.max_steps)
-    cfg.max_steps = distributed.broadcast_object(cfg.max_steps, dist_info)  # rank 0's timing decides for all
-    train_model, optimizer = distributed.wrap(model, optimizer, new_optimizer, cfg.distributed, dist_info, device)
-    if cfg.compile:  # compiled now, on a real batch, so a failing toolchain falls back to eager here
-        train_model = compile_or_eager(train_model, lambda m: (forward_backward(m, state.step), scaler.update()))
-    peak = peak_flops(device, precision)  # measured once per machine, cached (training/mfu.py)
-    flops_per_token = model.flops_per_token()
-
-    # Every check has passed: only now may this run replace what out_dir holds.
     def start_run_dir() -> None:
-        checkpoints.start(resume_path, state.step)
+        trainer.checkpoints.start(trainer.resume_path, state.step)
         trim_metrics(out_dir / "metrics.jsonl", state.step)
+        log_to_file(out_dir / "train.log")
+        write_config(out_dir / "config.yaml", asdict(cfg))
 
-    distributed.on_main(start_run_dir, dist_info)
-    config_dict = asdict(cfg)
-    logger = MetricsLogger(out_dir, cfg.logger, config_dict, run_id=state.wandb_run_id) if dist_info.is_main else None
-    state.wandb_run_id = (logger and logger.run_id) or state.wandb_run_id
-    if dist_info.is_main:
-        write_run_info(out_dir, model, config_dict, tokens_per_step)
-    log.info(
-        "model: %.2fM parameters, %.1f MFLOP/token, device %s, precision %s (measured peak %.3f TFLOP/s)",
-        model.num_params() / 1e6,
-        flops_per_token / 1e6,
-        device,
-        precision,
-        peak / 1e12,
+    distributed.on_main(start_run_dir, dist)
+    if not dist.is_main:
+        return None
+    config = asdict(cfg)
+    logger = MetricsLogger(out_dir, cfg.logger, config, run_id=state.wandb_run_id)
+    state.wandb_run_id = logger.run_id or state.wandb_run_id
+    write_run_info(out_dir, trainer.model, config, trainer.tokens_per_step)
+    log.info("%s", run_header(trainer))
+    return logger
+
+
+def run_header(trainer: Trainer) -> str:
+    """The few facts a person checks before walking away from a run (the rest is in RUN/config.yaml)."""
+    cfg, m = trainer.cfg, trainer.model.config
+    ends = [f"{cfg.max_steps} steps" if cfg.max_steps else "", f"{cfg.budget_s:g} s budget" if cfg.budget_s else ""]
+    length = " or ".join(end for end in ends if end)
+    start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
+    return (
+        f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
+        f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
+        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision} | {length}, "
+        f"{trainer.tokens_per_step:,} tokens/step{start}\nrun directory {cfg.out_dir} (full config: config.yaml)"
     )
-    val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
-    metrics: dict[str, Any] = {}
-    throughputs: list[float] = []
-    train_seconds = 0.0
-    saved_step = state.step
 
-    def save(is_best: bool) -> Path:
-        nonlocal saved_step
-        meta = checkpoint_meta(state, config_dict, data, metrics)
-        full_model, full_optimizer = distributed.gather_for_save(
-            model, optimizer, plain_model, new_optimizer, dist_info
-        )
 
-        def write() -> Path:
-            check_weights_finite(full_model, state.step)
-            return checkpoints.save(full_model, full_optimizer, meta, state.step, is_best)
-
-        path = distributed.broadcast_object(distributed.on_main(write, dist_info), dist_info)
-        saved_step = state.step
-        return path
-
-    def evaluate_and_save() -> None:
-        nonlocal metrics
-        val_loss = distributed.sharded_mean_loss(
-            lambda batches: mean_loss(train_model, batches, device, ctx), val_batches, dist_info, device
-        )
-        metrics = eval_metrics(val_loss, data.meta["val_tokens"], data.meta["val_bytes"])
-        if logger:
-            logger.log(metrics, state.step)
-        log.info("step %d: val loss %.4f, bpb %.4f", state.step, val_loss, metrics["val/bpb"])
-        is_best = val_loss < state.best_val_loss
-        state.best_val_loss = min(state.best_val_loss, val_loss)
-        save(is_best)
-
-    if ckpt is not None:
-        ckpt_io.restore_rng_state(ckpt)  # last, so no set-up above draws from the restored streams
-    model.train()
-    bar = tqdm(
-        range(state.step, cfg.max_steps),
-        initial=state.step,
-        total=cfg.max_steps,
-        disable=not cfg.progress or not dist_info.is_main,
-        dynamic_ncols=True,
+def print_sample(trainer: Trainer) -> None:
+    """A few hundred tokens from the trained model, so a run ends with something to read."""
+    cfg = trainer.cfg
+    model, _ = distributed.gather_for_save(
+        trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
     )
-    t0, last_logged = time.perf_counter(), state.step
-    with (
-        StopSignals() as stop,
-        contextlib.closing(logger) if logger else contextlib.nullcontext(),
-        contextlib.closing(bar),
-    ):
-        for step in bar:
-            lr = lr_at(step, cfg.optim, cfg.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            train_loss, grad_norm = read_step(*forward_backward(train_model, step))
-            state.step = done = step + 1
-            # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
-            if is_finite(train_loss, grad_norm) or (scaler.is_enabled() and math.isfinite(train_loss)):
-                scaler.step(optimizer)
-            elif cfg.on_nonfinite == "skip":
-                state.skipped_steps += 1
-                log.warning("step %d: loss %s / grad norm %s; update skipped", done, train_loss, grad_norm)
-            else:
-                raise nonfinite_error(done, train_loss, grad_norm, checkpoints.latest())
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
 
-            if done % cfg.log_interval == 0 or done == cfg.max_steps:
-                elapsed = time.perf_counter() - t0
-                tok_s = tokens_per_step * (done - last_logged) / elapsed
-                t0, last_logged = time.perf_counter(), done
-                mfu = flops_per_token * tok_s / (peak * dist_info.world_size)
-                throughputs.append(tok_s)
-                train_seconds += elapsed
-                record = {"train/loss": train_loss, "train/grad_norm": grad_norm, "lr": lr}
-                record |= {
-                    "throughput/tokens_per_s": tok_s,
-                    "throughput/mfu": mfu,
-                    "train/skipped_steps": state.skipped_steps,
-                }
-                if logger:
-                    logger.log(record, done)
-                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}", mfu=f"{mfu:.1%}")
-            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
-                evaluate_and_save()
-                t0, last_logged = time.perf_counter(), done  # keep eval time out of throughput
-            requested = distributed.max_over_ranks(stop.requested or 0, dist_info)  # all stop at one step
-            if requested:
-                path = checkpoints.latest() if saved_step == done else save(is_best=False)
-                raise RunInterrupted(requested, done, str(path))
-    if dist_info.is_main:
-        write_summary(
-            out_dir,
-            metrics,
-            cfg.max_steps,
-            state.best_val_loss,
-            throughputs,
-            train_seconds,
-            flops_per_token,
-            tokens_per_step,
-        )
+    def show() -> None:
+        tok = trainer.data.tokenizer
+        idx = torch.tensor([tok.encode(cfg.sample_prompt) or [tok.eot_id]], device=trainer.device)
+        generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed)
+        model.to(trainer.device).eval()
+        out = model.generate(idx, cfg.sample_tokens, temperature=0.8, top_k=200, generator=generator)
+        print(f"\n--- sample ---\n{tok.decode(out[0].tolist())}\n--------------")
 
-    if cfg.sample_tokens > 0:
-        sampler, _ = distributed.gather_for_save(model, None, plain_model, new_optimizer, dist_info)
-
-        def print_sample() -> None:
-            text = sample_text(sampler.to(device), data, cfg.sample_prompt, cfg.sample_tokens, device, cfg.seed)
-            print(f"\n--- sample ---\n{text}\n--------------")
-
-        distributed.on_main(print_sample, dist_info)
-    return metrics
-
-
-def sample_text(model: GPT, data: PreparedData, prompt: str, n: int, device: torch.device, seed: int) -> str:
-    tok = data.tokenizer
-    ids = tok.encode(prompt) or [tok.eot_id]
-    idx = torch.tensor([ids], device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    model.eval()
-    out = model.generate(idx, n, temperature=0.8, top_k=200, generator=generator)
-    return tok.decode(out[0].tolist())
+    distributed.on_main(show, trainer.dist)

@@ -109,15 +109,15 @@ def test_iso_flop_runs_spend_the_same_budget(tiny_run_overrides, tmp_path):
 
 
 def test_iso_time_calibration_leaves_the_run_as_it_would_be(tiny_run_overrides, tmp_path, monkeypatch):
-    measured = []
+    measured, real_measure = [], fairness.measure_seconds_per_step
 
     def spy_measure(*args, **kwargs):
-        measured.append(fairness.measure_seconds_per_step(*args, **kwargs))
+        measured.append(real_measure(*args, **kwargs))
         return measured[-1]
 
     # The step time on a shared machine is anything; fix the step count, keep the real measurement.
-    monkeypatch.setattr(training.trainer, "measure_seconds_per_step", spy_measure)
-    monkeypatch.setattr(training.trainer, "steps_for_time", lambda budget, seconds: 3)
+    monkeypatch.setattr(fairness, "measure_seconds_per_step", spy_measure)
+    monkeypatch.setattr(fairness, "steps_for_time", lambda budget, seconds: 3)
     overrides = [*tiny_run_overrides, "model.dropout=0.1", "eval_interval=100"]  # dropout draws random numbers
     iso = run_train([*overrides, "fairness.mode=iso_time", "fairness.time_budget_s=60"])
     assert len(measured) == 1 and measured[0] > 0

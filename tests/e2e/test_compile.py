@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training.compile import compile_or_eager
+from training.runtime import compile_or_eager
 
 
 def tiny_model() -> GPT:

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from data.batches import sample_batch
 from scripts.sample import SampleConfig, sample
-from tests.distributed_worker import failing_worker, free_port
+from tests.e2e.distributed_worker import failing_worker, free_port
 from tests.helpers import compose_config
 from training import distributed
 from training.batch_layout import BatchLayout, batch_layout

@@ -16,7 +16,7 @@ import training.trainer
 from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint
 from training.config import to_train_config
-from training.signals import RunInterrupted, StopSignals
+from training.guards import RunInterrupted, StopSignals
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -274,7 +274,7 @@ def test_token_and_byte_accounting(tmp_path):
     # char tokens: one per character plus one EOT per document
     assert meta["train_tokens"] + meta["val_tokens"] == sum(len(t) for t in texts) + len(texts)
     assert (len(prepared.train), len(prepared.val)) == (meta["train_tokens"], meta["val_tokens"])
-    assert prepared.bytes_per_token("val") == meta["val_bytes"] / meta["val_tokens"]
+    assert (prepared.val_bytes, prepared.val_tokens) == (meta["val_bytes"], meta["val_tokens"])
     assert prepared.train.dtype == np.uint16 and meta["vocab_size"] == len(set("".join(texts))) + 1
 
 

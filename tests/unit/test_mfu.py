@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training import mfu as mfu_mod
+from training import runtime as mfu_mod
 
 
 def test_peak_is_measured_once_then_cached(tmp_path, monkeypatch):

@@ -1,0 +1,124 @@
+"""The Trainer: one step for everything that steps, probes that share nothing with the run, the
+time-budget schedule, and resume refusing any architecture change."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tests.helpers import tiny_trainer
+from training import fairness
+from training.resume import RESUMABLE_MODEL_FIELDS, check_same_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def snapshot(trainer) -> dict:
+    return {
+        "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "scaler": trainer.scaler.state_dict(),
+        "grads": [p.grad for p in trainer.model.parameters()],
+        "step": trainer.state.step,
+    }
+
+
+def same(x, y) -> bool:
+    """Equal nested state: dicts, lists and tensors compared element by element."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and torch.equal(x, y)
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(same(a, b) for a, b in zip(x, y, strict=True))
+    return x == y
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] and a["scaler"] == b["scaler"]
+    assert same(a["model"], b["model"]) and same(a["optimizer"], b["optimizer"])
+    assert all(g is None for g in b["grads"])
+
+
+def test_iso_time_calibration_under_fp16_leaves_the_runs_model_optimizer_and_scaler_untouched(tmp_path):
+    # Defect on the old main: calibration unscaled the run's real optimizer and advanced its GradScaler.
+    trainer = tiny_trainer(tmp_path, "precision=fp16", "fairness.mode=iso_time", "fairness.time_budget_s=5")
+    assert trainer.scaler.is_enabled()
+    trainer.step(1e-3)  # a run in progress: optimizer state and a scaler that has counted a step
+    before = snapshot(trainer)
+    seconds = fairness.measure_seconds_per_step(trainer.probe(), steps=2)
+    assert seconds > 0
+    assert_same(before, snapshot(trainer))
+
+
+def test_the_compile_trial_leaves_the_run_untouched(tmp_path):
+    trainer = tiny_trainer(tmp_path, "precision=fp16")
+    trainer.step(1e-3)
+    before = snapshot(trainer)
+    trainer.trial_step(trainer.model)  # what compile_or_eager runs through the compiled module
+    trainer.model.zero_grad(set_to_none=True)  # compile_or_eager drops the trial's gradients
+    assert_same(before, snapshot(trainer))
+
+
+def test_a_probe_trains_its_own_copy(tmp_path):
+    trainer = tiny_trainer(tmp_path)
+    probe = trainer.probe()
+    probe.step(1e-2)
+    assert probe.state.step == 1 and trainer.state.step == 0
+    changed = [not torch.equal(a, b) for a, b in zip(probe.model.parameters(), trainer.model.parameters(), strict=True)]
+    assert all(changed)
+
+
+def test_two_trainers_of_one_config_step_identically(tmp_path):
+    a, b = tiny_trainer(tmp_path), tiny_trainer(tmp_path)
+    losses = [(a.step(1e-3).loss, b.step(1e-3).loss) for _ in range(3)]
+    assert all(x == y for x, y in losses) and losses[0][0] > losses[-1][0] - 1.0
+    assert math.isclose(losses[0][0], math.log(a.cfg.model.vocab_size), rel_tol=0.1)  # ~ln(vocab) at init
+
+
+def test_progress_runs_toward_whichever_end_comes_first(tmp_path):
+    trainer = tiny_trainer(tmp_path, "max_steps=100", "budget_s=10")
+    trainer.state.step = 20
+    assert trainer.progress(elapsed_s=1.0) == pytest.approx(0.2)  # steps first
+    assert trainer.progress(elapsed_s=5.0) == pytest.approx(0.5)  # the clock first
+    assert trainer.progress(elapsed_s=50.0) == 1.0
+    only_time = tiny_trainer(tmp_path, "max_steps=null", "budget_s=10")
+    assert only_time.progress(elapsed_s=2.5) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("pos_encoding", "rope"), ("rope_base", 500.0), ("qk_norm", True), ("n_kv_head", 1), ("d_ff", 64)],
+)
+def test_resume_refuses_any_model_field_change_naming_both_values(tmp_path, field, value):
+    # Defect on the old main: only a hand list of shape keys was compared, so these resumed silently.
+    trainer = tiny_trainer(tmp_path, "model.n_head=2")
+    saved = {k: getattr(trainer.cfg.model, k) for k in trainer.cfg.model.__dataclass_fields__}
+    setattr(trainer.cfg.model, field, value)
+    with pytest.raises(ValueError, match=rf"has model\.{field}=.* but this run has model\.{field}={value!r}"):
+        check_same_model(saved, trainer.cfg.model, "checkpoint 'x'")
+
+
+def test_resume_allows_only_the_commented_fields_to_change(tmp_path):
+    trainer = tiny_trainer(tmp_path)
+    saved = {k: getattr(trainer.cfg.model, k) for k in trainer.cfg.model.__dataclass_fields__}
+    trainer.cfg.model.attn_backend = "explicit"
+    trainer.cfg.model.dropout = 0.1
+    check_same_model(saved, trainer.cfg.model, "checkpoint 'x'")
+    assert RESUMABLE_MODEL_FIELDS == {"attn_backend", "dropout"}
+
+
+def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
+    # Defect on the old main: the benchmark timed a step of its own (no scaler, no guard, no host read).
+    from scripts import bench_train
+    from training.trainer import Trainer
+
+    calls = []
+    real_step = Trainer.step
+    monkeypatch.setattr(Trainer, "step", lambda self, lr: calls.append(lr) or real_step(self, lr))
+    cfg = tiny_trainer(tmp_path).cfg
+    monkeypatch.setattr(bench_train, "load_config", lambda overrides: copy.deepcopy(cfg))
+    step, _, info = bench_train.prepare_row({"overrides": [], "precision": "fp32", "compile": False})
+    step(0)
+    assert calls == [cfg.optim.lr] and info["tokens_per_step"] == cfg.batch_size * cfg.model.block_size

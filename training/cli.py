@@ -1,0 +1,92 @@
+"""What `python train.py` shows and where it writes: the run directory's name, a quiet terminal (a short
+header, log lines that never glue onto the progress bar), the closing lines that say where the run is
+and how to sample from it or continue it, and the sweep's closing hint.
+"""
+
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from training.guards import continue_command
+from training.run_dir import newest_run, point_latest
+
+__all__ = ["point_latest"]
+
+OUTPUTS = Path("outputs")
+
+
+class TqdmHandler(logging.Handler):
+    """Console log lines written above the progress bar (tqdm.write), never glued onto it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def console_logging(level: int = logging.INFO) -> None:
+    """INFO and above to the terminal as plain messages (train.log keeps timestamps and names)."""
+    root = logging.getLogger()
+    root.setLevel(level)
+    if not any(isinstance(h, TqdmHandler) for h in root.handlers):
+        handler = TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    for noisy in ("httpx", "huggingface_hub", "datasets", "filelock", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def new_run_dir(root: Path = OUTPUTS) -> Path:
+    """`outputs/DATE/TIME`, not yet created; `-2`, `-3`, ... when a run of the same second has it."""
+    base = root / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def nothing_to_resume(out_dir: Path) -> ValueError:
+    """resume=auto without out_dir: a new directory has nothing in it; point at the newest run."""
+    newest = newest_run(OUTPUTS)
+    hint = (
+        f"the newest run with checkpoints is {newest}: {continue_command(str(newest))}"
+        if newest
+        else "no run under outputs/ has checkpoints"
+    )
+    return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
+
+
+def closing_lines(out_dir: Path, metrics: dict[str, Any]) -> str:
+    """Where the run is, and the exact commands to sample from it and to continue it."""
+    out = shlex.quote(str(out_dir))
+    best = out_dir / "checkpoints" / "best.safetensors"
+    val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""
+    return "\n".join(
+        [
+            f"done: {val}run directory {out_dir}",
+            f"  best checkpoint: {best}",
+            f'  sample:   python scripts/sample.py {out} "ROMEO:"',
+            f"  continue: {continue_command(str(out_dir))} max_steps=N  (or budget_s=SECONDS)",
+            f"  plots:    python scripts/plot_run.py {out}",
+        ]
+    )
+
+
+class SweepHint(Callback):
+    """After a multirun: the sweep folder and the report command (Hydra calls it once, at the end)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = shlex.quote(str(config.hydra.sweep.dir))
+        print(
+            f"sweep done: {config.hydra.sweep.dir}\n  report: python scripts/ablation_report.py {sweep}",
+            file=sys.stderr,
+        )

@@ -1,0 +1,166 @@
+"""Where and how a run computes: device and precision choice, the autocast context, torch.compile as a
+switch that can never break a run, and MFU against the *measured* matmul peak of this device.
+
+MFU = FLOPs per token (from the model) x tokens per second / peak FLOP/s. The peak is the median rate
+of large square matmuls in the run's dtype, measured once per (device, dtype, threads, torch version)
+and cached as JSON, so a run pays for it once (about a second on a CPU).
+"""
+
+import contextlib
+import json
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from data.config import resolve_cache_dir
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' picks CUDA, then Apple MPS, then CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device={name!r} is invalid; use auto, cpu, cuda, cuda:N or mps") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} was asked for but CUDA is not available; use device=auto or cpu")
+    return device
+
+
+def cpu_supports_bf16() -> bool:
+    """True where the CPU has native bf16 matmul (AVX512-BF16 or AMX), so autocast pays off."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto': bf16 where the hardware does it natively, fp16 on older CUDA GPUs, else fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu" and cpu_supports_bf16():
+        return "bf16"
+    return "fp32"
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context: matmuls in bf16/fp16, reductions and weights stay fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def compile_or_eager(model: nn.Module, trial_step: Callable[[nn.Module], None]) -> nn.Module:
+    """`torch.compile(model)`, or `model` itself if compiling fails.
+
+    Compilation is lazy, so a broken toolchain (no C++ compiler, an unsupported op) would only
+    surface mid-run. `trial_step` runs one forward/backward through the compiled model here, where
+    a failure can still fall back; its gradients are discarded and the RNG state is restored, so the
+    run is the same as if the trial never happened.
+    """
+    rng_state = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        compiled = torch.compile(model)
+        trial_step(compiled)
+    except Exception as e:  # any compiler failure: the eager model is always a correct answer
+        log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e)[:300])
+        compiled = model
+    finally:
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng_state)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return compiled
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine()
+    return device.type
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_peak(device: torch.device, precision: str, sizes: tuple[int, ...] = (), repeats: int = 10) -> float:
+    """FLOP/s of the fastest of several square-matmul sizes, each the median of `repeats` runs."""
+    dtype = DTYPES[precision]
+    sizes = sizes or ((4096, 8192) if device.type == "cuda" else (1024, 2048))
+    best = 0.0
+    for n in sizes:
+        g = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        for _ in range(3):  # warm up kernels and caches
+            a @ b
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            a @ b
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * n**3 / statistics.median(times))
+    return best
+
+
+def peak_cache_key(device: torch.device, precision: str) -> str:
+    return f"{device_name(device)}|{precision}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def peak_flops(device: torch.device, precision: str, cache_file: Path | None = None, remeasure: bool = False) -> float:
+    """Measured matmul peak for this device and precision, cached across runs."""
+    cache_file = cache_file or resolve_cache_dir() / "peak_flops.json"
+    key = peak_cache_key(device, precision)
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if remeasure or key not in cache:
+        cache[key] = measure_matmul_peak(device, precision)
+        log.info("measured %s matmul peak on %s: %.3f TFLOP/s", precision, device_name(device), cache[key] / 1e12)
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=2) + "\n")
+        tmp.replace(cache_file)
+    return cache[key]
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
+    """Fraction of the measured peak the model's useful FLOPs reach."""
+    return flops_per_token * tokens_per_s / peak
