@@ -14,12 +14,12 @@
   refuses when that one cannot be read (rather than going back to an older one and overwriting it).
 """
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,14 @@ class RunLock:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self.created = False
+        self.created: list[Path] = []  # the directory and the parents that acquire made, innermost first
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
         if self.directory.exists() and not self.directory.is_dir():
             raise ValueError(f"out_dir={str(self.directory)!r} is a file, not a directory")
-        self.created = not self.directory.exists()
+        missing = [self.directory, *self.directory.parents]
+        self.created = [d for d in missing[: next(i for i, d in enumerate(missing) if d.exists())]]
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -76,7 +77,9 @@ class RunLock:
             return
         if discard and self.created and {p.name for p in self.directory.iterdir()} <= {LOCK}:
             (self.directory / LOCK).unlink(missing_ok=True)
-            self.directory.rmdir()
+            for made in self.created:
+                with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
+                    made.rmdir()
         os.close(self._fd)  # closing the descriptor releases the flock
         self._fd = None
 
@@ -255,7 +258,3 @@ def point_latest(root: Path, run: Path) -> None:
     os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
     os.replace(tmp, link)
 
-
-def remove_tree_if_created(path: Path, created: bool) -> None:
-    if created and path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)

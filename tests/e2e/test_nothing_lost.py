@@ -1,0 +1,231 @@
+"""Nothing a user has is lost: one live run per directory, no deletion of what a run did not write or
+could not read, no clobbering, no stray directory from a refused command, and the exact command that
+continues a run. Each test names the defect it pins down."""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, compose_config, run_cli, write_corpus
+from training.config import to_train_config
+from training.run_dir import RunLock
+from training.trainer import train
+
+
+def run_train(overrides: list[str]) -> dict:
+    return train(to_train_config(compose_config(overrides)))
+
+
+def checksums(directory: Path) -> dict[str, str]:
+    """Every file under `directory` (symlinks as their target path), for before/after comparisons; the
+    lock file is left out: it names whichever process took the directory last."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.name == ".lock":
+            continue
+        if p.is_symlink():
+            out[str(p.relative_to(directory))] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[str(p.relative_to(directory))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def corpus_args(tmp_path: Path) -> list[str]:
+    files = write_corpus(tmp_path / "corpus")
+    return [
+        "+debug=tiny",
+        "data.source=files",
+        f"data.files=[{','.join(files)}]",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "progress=false",
+        "max_steps=10",
+        "eval_interval=5",
+    ]
+
+
+@pytest.fixture
+def finished_run(corpus_args, tmp_path) -> Path:
+    out = tmp_path / "run"
+    run_train([*corpus_args, f"out_dir={out}"])
+    return out
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """A refusal: non-zero exit, no traceback, and one `error:` line, the last (progress lines of the
+    data preparation may come before it)."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-2000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("extra", [[], ["resume=auto"], ["overwrite=true"]])
+def test_a_second_run_beside_a_live_one_is_refused_and_touches_nothing(corpus_args, finished_run, extra):
+    # Defect: no lock; a resume=auto beside a live run deleted the live run's newer checkpoints.
+    before = checksums(finished_run)
+    lock = RunLock(finished_run).acquire()  # the live run holds the lock, as train() does
+    try:
+        proc = run_cli(["train.py", *corpus_args, f"out_dir={finished_run}", *extra])
+    finally:
+        lock.release()
+    line = one_error_line(proc)
+    assert "is in use by a live run (pid" in line and str(os.getpid()) in line
+    assert checksums(finished_run) == before
+
+
+def test_two_real_runs_at_once_exactly_one_runs(corpus_args, tmp_path):
+    out = tmp_path / "both"
+    args = ["train.py", *corpus_args, f"out_dir={out}", "max_steps=400", "eval_interval=400"]
+    first = subprocess.Popen([sys.executable, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        second = run_cli(args)
+        assert "is in use by a live run" in one_error_line(second)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+    assert first.returncode in (0, 128 + signal.SIGTERM)
+
+
+def test_resume_auto_refuses_an_unreadable_newest_checkpoint_and_keeps_it(corpus_args, finished_run):
+    # Defect: resume=auto went back to an older checkpoint, then deleted the newer one it could not read.
+    newest = finished_run / "checkpoints" / "step_0000010.safetensors"
+    newest.write_bytes(newest.read_bytes()[:-100])  # e.g. a newer format, or damaged
+    before = checksums(finished_run)
+    proc = run_cli(["train.py", *corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=20"])
+    assert "the newest checkpoint cannot be read" in one_error_line(proc)
+    assert checksums(finished_run) == before
+
+
+def test_a_symlinked_checkpoint_and_what_it_points_to_survive_a_resume(corpus_args, finished_run, tmp_path):
+    # Defect: with a symlinked checkpoint in the directory, resume=auto deleted the real files.
+    ckpts = finished_run / "checkpoints"
+    elsewhere = tmp_path / "archive" / "step_0000010.safetensors"
+    elsewhere.parent.mkdir()
+    (ckpts / "step_0000010.safetensors").rename(elsewhere)
+    (ckpts / "step_0000010.safetensors").symlink_to(elsewhere)
+    kept = elsewhere.read_bytes()
+    run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=30", "keep_last=1"])
+    assert (ckpts / "step_0000010.safetensors").is_symlink() and elsewhere.read_bytes() == kept
+    assert (ckpts / "step_0000030.safetensors").is_file() and (ckpts / "best.safetensors").is_file()
+
+
+def test_a_fresh_run_refuses_a_directory_holding_only_best(corpus_args, finished_run):
+    # Defect: the clobber check looked at step_* only, so best.safetensors and metrics.jsonl were replaced.
+    for p in (finished_run / "checkpoints").glob("step_*"):
+        p.unlink()
+    before = checksums(finished_run)
+    with pytest.raises(ValueError, match="already holds another run's files"):
+        run_train([*corpus_args, f"out_dir={finished_run}"])
+    assert checksums(finished_run) == before
+
+
+def test_overwrite_refuses_what_it_cannot_verify(corpus_args, finished_run):
+    (finished_run / "checkpoints" / "notes.txt").write_text("mine")
+    before = checksums(finished_run)
+    with pytest.raises(ValueError, match=r"notes\.txt is not a checkpoint this run can verify"):
+        run_train([*corpus_args, f"out_dir={finished_run}", "overwrite=true"])
+    assert checksums(finished_run) == before
+
+
+def test_resume_auto_on_a_finished_run_changes_nothing(corpus_args, finished_run):
+    # Defect: it rewrote summary.json without the val metrics, and the ablation report then crashed.
+    before = checksums(finished_run)
+    metrics = run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto"])
+    assert "val/loss" in metrics
+    assert checksums(finished_run) == before
+
+
+def test_the_stop_message_is_the_exact_command_that_continues(corpus_args, tmp_path):
+    # Defect: it said "continue with resume=auto", which starts a new timestamped run from scratch.
+    out = tmp_path / "stopped run"
+    args = ["train.py", *corpus_args, f"out_dir={out}", "max_steps=2000", "eval_interval=2000"]
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert f"continue with: python train.py out_dir='{out}' resume=auto" in stderr
+
+
+def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_run_is(corpus_args, tmp_path):
+    work = tmp_path / "cwd"
+    (work / "outputs" / "old" / "checkpoints").mkdir(parents=True)
+    (work / "outputs" / "old" / "checkpoints" / "step_0000005.safetensors").write_bytes(b"x")
+    before = checksums(work)
+    proc = run_cli([str(ROOT / "train.py"), *corpus_args, "resume=auto"], cwd=work)
+    line = one_error_line(proc)
+    assert "is a new run directory, so there is nothing to resume" in line
+    assert "outputs/old: python train.py out_dir=outputs/old resume=auto" in line
+    assert checksums(work) == before and sorted(p.name for p in (work / "outputs").iterdir()) == ["old"]
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.n_head=5", r"model.d_model \(32\) must be divisible by model.n_head \(5\)"),
+        ("+model.nhead=4", r"unknown config key model.nhead \(did you mean model.n_head\?\)"),
+        ("+foo=1", r"unknown config key foo"),
+        ("seed=-1", r"seed=-1 is invalid; it must be an integer in \[0, 2\*\*63\)"),
+        ("seed=99999999999999999999", r"seed=99999999999999999999 is invalid"),
+        ("sample_prompt=ZZ@", r"sample_prompt='ZZ@' cannot be encoded by the char tokenizer"),
+        ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train; this cpu has"),
+        ("budget_s=0", r"budget_s=0.0 is invalid; it must be a finite number of seconds > 0"),
+    ],
+)
+def test_a_refused_command_leaves_no_directory_behind(corpus_args, tmp_path, override, message):
+    # Defect: a config that failed validation still left outputs/DATE/TIME/ (.hydra/, train.log).
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = run_cli([str(ROOT / "train.py"), *corpus_args, override], cwd=work)
+    line = one_error_line(proc)
+    assert re.search(message, line), line
+    assert list(work.iterdir()) == []
+
+
+def test_bad_prepared_data_and_binary_files_are_one_line_errors(corpus_args, tmp_path):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    proc = run_cli(["train.py", *corpus_args, f"data.files=[{binary}]", f"out_dir={tmp_path / 'r1'}"])
+    assert f"data.files entry '{binary}' is a binary file" in one_error_line(proc)
+    run_train([*corpus_args, f"out_dir={tmp_path / 'r2'}", "max_steps=1"])
+    prepared = next((tmp_path / "cache" / "prepared").iterdir())
+    train_bin = prepared / "train.bin"
+    train_bin.write_bytes(train_bin.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=rf"prepared data in {prepared} is damaged: .*train.bin holds"):
+        run_train([*corpus_args, f"out_dir={tmp_path / 'r3'}"])
+    (prepared / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match=rf"{prepared / 'meta.json'} is not valid"):
+        run_train([*corpus_args, f"out_dir={tmp_path / 'r4'}"])
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
+
+
+def test_a_run_ends_saying_where_it_is_and_points_latest_at_it(corpus_args, tmp_path):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = run_cli([str(ROOT / "train.py"), *corpus_args, "sample_tokens=0"], cwd=work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = [p for p in (work / "outputs").glob("20*/*") if p.is_dir()]
+    rel = run.relative_to(work)
+    assert (work / "outputs" / "latest").resolve() == run.resolve()
+    assert "done: val loss" in proc.stderr and f"run directory {rel}" in proc.stderr
+    assert f"sample:   python scripts/sample.py {rel}" in proc.stderr
+    assert f"continue: python train.py out_dir={rel} resume=auto" in proc.stderr
+    # One directory per run, holding everything; no Hydra folder beside it, no config dump on the terminal.
+    assert {p.name for p in run.iterdir()} >= {"checkpoints", "config.yaml", "train.log", "metrics.jsonl"}
+    assert not (run / ".hydra").exists() and "resolved config" not in proc.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
