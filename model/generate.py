@@ -190,17 +190,22 @@ def encode_prompt(tokenizer: TextTokenizer, text: str, vocab_size: int) -> list[
 
 
 def stream_text(
-    model: "GPT", tokenizer: TextTokenizer, ids: list[int], params: SamplingParams, device: torch.device | str = "cpu"
+    model: "GPT",
+    tokenizer: TextTokenizer,
+    ids: list[int],
+    params: SamplingParams,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
 ) -> Iterator[str]:
     """The continuation of one prompt as text pieces, in order, joining to decode(new ids).
 
     A byte-level BPE token may end inside a UTF-8 character; such a piece is held back until the
-    character is whole (and flushed at the end, whatever it is).
+    character is whole (and flushed at the end, whatever it is). generator: as in stream_tokens.
     """
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     new_ids: list[int] = []
     printed = ""
-    for next_id in stream_tokens(model, idx, params):
+    for next_id in stream_tokens(model, idx, params, generator):
         new_ids.append(int(next_id[0]))
         text = tokenizer.decode(new_ids)
         if not text.endswith("\ufffd") and len(text) > len(printed):
