@@ -32,7 +32,7 @@ from model.generate import check_context_length, encode_prompt, stream_text
 from model.sampling import SamplingParams
 from training.checkpoint import load_model
 from training.device import resolve_device
-from training.schema_help import FieldDoc, schema_fields, show_default
+from training.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
 
 SEPARATOR = "\n---------------\n"
 CLI_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "stop_token"]  # --stop-at-eot
@@ -82,12 +82,6 @@ def value_parser(doc: FieldDoc) -> Callable[[str], object]:
 
     parse.__name__ = doc.type.replace(" | None", "")  # argparse names it in "invalid int value: 'x'"
     return parse
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's usage + message would be several lines
-        sys.stderr.write(f"error: {message} (see --help)\n")
-        sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,18 +4,22 @@ The meaning is the comment written beside the field in its class (`n_head: int =
 the comment lines just above it, or `field(metadata={"help": ...})`. The class source is parsed
 with `ast` and `tokenize`, so the help is the schema itself and cannot drift from it. Nested
 dataclasses (TrainConfig.model, .data, ...) are walked, giving names like `model.d_model`.
+`OneLineParser` is the argparse parser the tools share, whose errors are one line.
 """
 
+import argparse
 import ast
 import dataclasses
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 import types
 import typing
 from dataclasses import MISSING, dataclass
 from functools import cache
+from typing import NoReturn
 
 
 @dataclass(frozen=True)
@@ -127,3 +131,11 @@ def render_help(cls: type, prefix: str = "", width: int = 100) -> str:
         if d.help:
             lines.extend(textwrap.wrap(d.help, width, initial_indent=" " * 6, subsequent_indent=" " * 6))
     return "\n".join(lines)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one `error: ...` line on stderr (exit 2), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        sys.exit(2)
