@@ -18,11 +18,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from analysis.attention import attention_maps, token_label
+from analysis.run_plots import image_path
 from data.tokenizer import tokenizer_from_meta
 from model.generate import encode_prompt
 from scripts.sample import resolve_checkpoint
@@ -60,25 +60,9 @@ def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str
     return path
 
 
-def image_path(out: Path) -> Path:
-    """The file the figure goes to: `out`, with .png added when it has no suffix; ValueError where
-    it cannot be written (a directory, a path under a file, a format matplotlib does not write)."""
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a directory; give a file path such as {str(out / 'attention.png')!r}")
-    parent = next((p for p in out.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"--out {str(out)!r} cannot be written: {str(parent)!r} is a file, not a directory")
-    if not out.suffix:
-        return out.with_name(out.name + ".png")
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    if out.suffix[1:].lower() not in formats:
-        raise ValueError(f"--out {str(out)!r} has suffix {out.suffix!r}; use one of .{', .'.join(sorted(formats))}")
-    return out
-
-
 def write_attention_map(checkpoint: Path, prompt: str, out: Path, cache_dir: str = "", device: str = "cpu") -> Path:
     """Write the attention maps of `prompt` to an image; returns the path written (see image_path)."""
-    path = image_path(Path(out))
+    path = image_path(Path(out))  # refused before the model is loaded
     model, ckpt = load_model(resolve_checkpoint(checkpoint), resolve_device(device))
     if not isinstance(ckpt.meta.get("tokenizer"), dict):
         raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")

@@ -133,7 +133,7 @@ def snapshot(directory: Path) -> dict:
         ),
         (
             ["--out", "TMP/folder"],
-            r"^error: --out '.*folder' is a directory; give a file path such as '.*/attention.png'",
+            r"^error: --out '.*folder' is a directory; give a file path such as '.*/plot.png'",
         ),
         (["--out", "TMP/attn.docx"], r"^error: --out '.*attn.docx' has suffix '.docx'; use one of .*\.png"),
         (["--prompt", ""], r"^error: the prompt is empty"),
