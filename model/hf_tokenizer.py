@@ -8,9 +8,12 @@
   into each multi-byte token, in rank order), written into tokenizer.json. Each token's pair is recovered by
   running BPE on its bytes with only the lower-ranked merges, which stops at exactly two parts.
 
-`transformers` and `tokenizers` are optional: imported only when a tokenizer is written.
+`read_char_tokenizer` recognises a char tokenizer written here, so an exported char model imports
+back with its own vocabulary. `transformers` and `tokenizers` are optional: imported only when a
+tokenizer is written.
 """
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,3 +116,27 @@ def save_hf_tokenizer(tokenizer_meta: dict, out_dir: Path, gpt2_ranks: dict[byte
     else:
         raise ValueError(f"tokenizer {name!r} cannot be exported to Hugging Face; char and gpt2 can")
     hf.save_pretrained(str(out_dir))
+
+
+def read_char_tokenizer(hf_dir: Path) -> str | None:
+    """The characters of a char tokenizer that `save_hf_tokenizer` wrote into hf_dir, else None
+    (no tokenizer.json, or one of another shape: GPT-2's BPE, say)."""
+    path = Path(hf_dir) / "tokenizer.json"
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        model, added = spec["model"], spec.get("added_tokens", [])
+        vocab = model["vocab"]
+        if model["type"] != "BPE" or model["merges"] or (spec.get("decoder") or {}).get("type") != "Fuse":
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    chars = "".join(sorted(vocab, key=vocab.get)) if all(len(c) == 1 for c in vocab) else ""
+    eot = [t.get("id") for t in added if t.get("content") == EOT_TEXT]
+    if (
+        chars
+        and sorted(vocab.values()) == list(range(len(vocab)))
+        and list(chars) == sorted(chars)
+        and eot == [len(chars)]
+    ):
+        return chars
+    return None

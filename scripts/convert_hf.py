@@ -9,9 +9,10 @@ computes the same logits, and the checkpoint's tokenizer (tokenizer.json: char o
 `transformers.pipeline("text-generation", model=OUT_DIR)` generates what scripts/sample.py does.
 Import reads a local directory's safetensors weights only (a pickle `pytorch_model.bin` is refused,
 never loaded) and writes a checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its
-header. Neither replaces an existing target without --force, and then the new one is written beside
-it first and renamed into place, so a failure leaves the old one. A problem the user can fix exits
-non-zero with one line `error: ...`, touching nothing.
+header (or the char tokenizer, for a directory this script exported). Neither replaces an existing
+target without --force, and then the new one is written beside it first and renamed into place, so
+a failure leaves the old one. A problem the user can fix exits non-zero with one line `error: ...`,
+touching nothing.
 """
 
 import os
@@ -27,7 +28,7 @@ from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
-from model.hf_tokenizer import save_hf_tokenizer
+from model.hf_tokenizer import read_char_tokenizer, save_hf_tokenizer
 from scripts.sample import resolve_checkpoint
 from training.checkpoint import load_model, save_checkpoint
 from training.schema_help import OneLineParser
@@ -130,10 +131,12 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
 
     hf = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True, use_safetensors=True).float()
     model = from_hf_gpt2(hf)
+    chars = read_char_tokenizer(hf_dir)  # one of our char exports comes back with its vocabulary
+    tokenizer = {"name": "char", "chars": chars} if chars is not None else GPT2_TOKENIZER_META
     meta = {
         "step": 0,
-        "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer="gpt2"))},
-        "tokenizer": GPT2_TOKENIZER_META,
+        "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer=tokenizer["name"]))},
+        "tokenizer": tokenizer,
         "source": {"hf_dir": str(hf_dir.resolve())},
     }
     return model, save_checkpoint(checkpoint, model, None, meta)  # written beside, then renamed

@@ -160,6 +160,13 @@ def test_convert_script_exports_and_imports_checkpoints(tmp_path, monkeypatch):
     loaded, back = load_model(path)  # what scripts/sample.py does
     assert_same_logits(loaded, hf)
     assert back.meta["config"]["model"] == asdict(loaded.config)
+    assert back.meta["tokenizer"] == tok.to_meta(), "our own char export comes back with its vocabulary"
+    assert back.meta["config"]["data"]["tokenizer"] == "char"
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a GPT-2 directory of someone else's
+        (hf_dir / name).unlink()
+    _, path = import_hf(hf_dir, tmp_path / "gpt2.safetensors")
+    back = load_model(path)[1]
     assert back.meta["config"]["data"]["tokenizer"] == "gpt2"
     # the header names the tokenizer the way the data package reads it back
     monkeypatch.setattr(tokenizer_mod, "gpt2_tokenizer", lambda cache_dir: "the gpt2 tokenizer")

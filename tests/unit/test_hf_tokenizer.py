@@ -6,7 +6,13 @@ import tiktoken
 transformers = pytest.importorskip("transformers")
 
 from data.tokenizer import EOT_TEXT, GPT2_PATTERN, CharTokenizer  # noqa: E402
-from model.hf_tokenizer import bytes_to_unicode, gpt2_vocab_and_merges, merge_parts, save_hf_tokenizer  # noqa: E402
+from model.hf_tokenizer import (  # noqa: E402
+    bytes_to_unicode,
+    gpt2_vocab_and_merges,
+    merge_parts,
+    read_char_tokenizer,
+    save_hf_tokenizer,
+)
 
 TEXTS = ["ROMEO: But soft, what light", "KING (aside): [Exit]\n\nWhat's this?", "  two  spaces  ", "😀 é"]
 # Merges over bytes, some built on others, so BPE order matters: " the" needs "th" then "the".
@@ -99,3 +105,14 @@ def test_real_gpt2_export_loads_with_tiktokens_ids_and_generates_what_sample_py_
     )[0]["generated_text"]
     sample_main([str(ckpt), "ROMEO:", "temperature=0", "max_new_tokens=12", "stop_at_eot=true", "device=cpu"])
     assert capsys.readouterr().out.removesuffix("\n").removesuffix(EOT_TEXT) == theirs
+
+
+def test_only_a_char_tokenizer_we_wrote_is_read_back_as_one(tmp_path):
+    save_hf_tokenizer({"name": "char", "chars": "\n ab😀"}, tmp_path / "char")
+    assert read_char_tokenizer(tmp_path / "char") == "\n ab😀"
+    save_hf_tokenizer({"name": "gpt2"}, tmp_path / "gpt2", toy_gpt2_ranks())
+    assert read_char_tokenizer(tmp_path / "gpt2") is None
+    assert read_char_tokenizer(tmp_path / "nowhere") is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text("{not json")
+    assert read_char_tokenizer(tmp_path / "broken") is None
