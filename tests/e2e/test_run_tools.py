@@ -51,3 +51,23 @@ def test_plot_run_and_attention_map_take_the_run_directory(run_dir, tmp_path, ca
     assert capsys.readouterr().out == f"wrote {tmp_path / 'curves.png'}\n"
     for png in ("curves.png", "attn.png"):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_tool_run_as_a_file_prints_one_error_line_and_no_traceback(run_dir, tmp_path):
+    (tmp_path / "some_file.txt").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    cases = [
+        (["scripts/convert_hf.py", "export", str(run_dir), str(tmp_path / "some_file.txt")], "is an existing file"),
+        (["scripts/convert_hf.py", "import", str(tmp_path / "folder"), str(tmp_path / "x.safetensors")], "no config"),
+        (["scripts/attention_map.py", str(run_dir), "--device", "foo"], "device='foo' is invalid"),
+        (["scripts/attention_map.py", str(run_dir), "--out", str(tmp_path / "folder")], "is a directory"),
+        (["scripts/plot_run.py", str(tmp_path / "folder")], "is not a run directory"),
+        (["scripts/sample.py", str(run_dir), "x", "temperature=inf"], "temperature=inf is invalid"),
+    ]
+    before = {p: p.stat().st_mtime_ns for p in [*tmp_path.rglob("*"), *run_dir.rglob("*")]}
+    for args, message in cases:
+        done = run_cli(args, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode in (1, 2) and done.stdout == "", args
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in [*tmp_path.rglob("*"), *run_dir.rglob("*")]} == before

