@@ -17,6 +17,7 @@ non-zero (2 for a bad option, 1 otherwise).
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> None:
             repl(Sampler(cfg), cfg, sys.stdin, sys.stdout, sys.stderr)
         else:
             sample(cfg)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        sys.exit(0)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         sys.stderr.write(f"error: {message}\n")
