@@ -7,6 +7,10 @@ context (the reference the cache is tested against, token for token).
 Batches of prompts of different lengths are padded on the left (`pad_prompts`); positions count
 from each row's first real token, so every row gets exactly the tokens it would get alone.
 
+The engine is `stream_tokens(model, idx, params)`, one `SamplingParams` (model/sampling.py) per
+request; `GPT.generate`/`GPT.stream` keep their keyword signatures and build one. `encode_prompt`
+and `stream_text` are the text ends of it that scripts/sample.py and the trainer share.
+
 Past the context: the model only ever conditions on the last `context_length` tokens (default
 block_size), at positions 0..context_length-1, as if that window were the whole text (nanoGPT's
 cropping). Both paths do the same: once the cache is full, each further step re-prefills the window
@@ -18,16 +22,24 @@ has never seen those positions (RoPE: those rotation angles) in training, and it
 usually worse than with the cropped window: measure before relying on it.
 """
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
-from model.sampling import check_sampling_args, sample_next
+from model.sampling import SamplingParams, sample_next
 
 if TYPE_CHECKING:
     from model.gpt import GPT
+
+
+class TextTokenizer(Protocol):
+    """What the text helpers need of a tokenizer (data.tokenizer's classes, say)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
 
 
 def pad_prompts(
@@ -59,6 +71,54 @@ def check_context_length(model: "GPT", context_length: int | None) -> int:
 
 
 @torch.no_grad()
+def stream_tokens(
+    model: "GPT",
+    idx: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    padding_mask: Tensor | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every row, (B,), for up to params.max_new_tokens steps.
+
+    Stops early once every row has produced `params.stop_token`; a row that stopped before the
+    others keeps yielding it. The model should be in eval mode (dropout would differ per call).
+    generator: overrides params.seed; with neither, torch's global generator is used.
+    """
+    context = check_context_length(model, params.context_length)
+    if generator is None and params.seed is not None:
+        generator = params.make_generator(idx.device)
+    max_new_tokens, stop_token = params.max_new_tokens, params.stop_token
+    B, T = idx.shape
+    # Every token so far, so a full cache can re-prefill from the last `context` of them.
+    tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
+    tokens[:, :T] = idx
+    real = None
+    if padding_mask is not None:
+        real = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=idx.device)
+        real[:, :T] = padding_mask
+    cache = model.new_cache(B, min(context, T + max_new_tokens)) if params.use_cache else None
+    done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    length = T
+    for step in range(max_new_tokens):
+        if cache is not None and step > 0 and cache.length < cache.max_length:
+            logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True)  # decode one token
+        else:  # (re-)prefill the window of the last `context` tokens
+            start = max(0, length - context)
+            window_mask = real[:, start:length] if real is not None else None
+            if cache is not None:
+                cache.reset()
+            logits, _ = model(tokens[:, start:length], padding_mask=window_mask, cache=cache, last_only=True)
+        next_id = sample_next(logits[:, -1], params.temperature, params.top_k, params.top_p, generator)  # (B,)
+        if stop_token is not None:
+            next_id = next_id.masked_fill(done, stop_token)
+            done |= next_id == stop_token
+        tokens[:, length] = next_id
+        length += 1
+        yield next_id
+        if stop_token is not None and bool(done.all()):
+            return
+
+
 def stream(
     model: "GPT",
     idx: Tensor,
@@ -72,45 +132,24 @@ def stream(
     padding_mask: Tensor | None = None,
     context_length: int | None = None,
 ) -> Iterator[Tensor]:
-    """Yield the next token of every row, (B,), for up to max_new_tokens steps.
+    """GPT.stream: `stream_tokens` with the settings as keywords; max_new_tokens=0 yields nothing.
 
-    Stops early once every row has produced `stop_token`; a row that stopped before the others
-    keeps yielding `stop_token`. The model should be in eval mode (dropout would differ per call).
-    context_length: the most tokens each step conditions on; None = the model's block_size.
+    Settings are checked here, before the first token, not when the iterator is first advanced.
     """
-    check_sampling_args(temperature, top_k, top_p)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is invalid; it must be >= 0")
-    context = check_context_length(model, context_length)
-    B, T = idx.shape
-    # Every token so far, so a full cache can re-prefill from the last `context` of them.
-    tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
-    tokens[:, :T] = idx
-    real = None
-    if padding_mask is not None:
-        real = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=idx.device)
-        real[:, :T] = padding_mask
-    cache = model.new_cache(B, min(context, T + max_new_tokens)) if use_cache else None
-    done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    length = T
-    for step in range(max_new_tokens):
-        if cache is not None and step > 0 and cache.length < cache.max_length:
-            logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True)  # decode one token
-        else:  # (re-)prefill the window of the last `context` tokens
-            start = max(0, length - context)
-            window_mask = real[:, start:length] if real is not None else None
-            if cache is not None:
-                cache.reset()
-            logits, _ = model(tokens[:, start:length], padding_mask=window_mask, cache=cache, last_only=True)
-        next_id = sample_next(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-        if stop_token is not None:
-            next_id = next_id.masked_fill(done, stop_token)
-            done |= next_id == stop_token
-        tokens[:, length] = next_id
-        length += 1
-        yield next_id
-        if stop_token is not None and bool(done.all()):
-            return
+    if max_new_tokens == 0:  # documented: generate(idx, 0) is the prompt itself
+        return iter(())
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=None,  # the caller's generator (or torch's global one) decides
+        stop_token=stop_token,
+        use_cache=use_cache,
+        context_length=context_length,
+    )
+    check_context_length(model, context_length)
+    return stream_tokens(model, idx, params, generator, padding_mask)
 
 
 def generate(
@@ -132,3 +171,46 @@ def generate(
     if not new:
         return idx
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1)
+
+
+def encode_prompt(tokenizer: TextTokenizer, text: str, vocab_size: int) -> list[int]:
+    """The prompt's token ids; ValueError in one line (naming unknown characters) if it has none or
+    cannot be encoded. Call it before printing anything, so a bad prompt costs nothing."""
+    if not text:
+        raise ValueError("the prompt is empty; give at least one character")
+    try:
+        ids = tokenizer.encode(text)
+    except ValueError as e:  # the char tokenizer names the characters it does not know
+        raise ValueError(f"the prompt cannot be encoded: {e}") from None
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; give a longer prompt")
+    if max(ids) >= vocab_size:
+        raise ValueError(f"the prompt has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}")
+    return ids
+
+
+def stream_text(
+    model: "GPT",
+    tokenizer: TextTokenizer,
+    ids: list[int],
+    params: SamplingParams,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> Iterator[str]:
+    """The continuation of one prompt as text pieces, in order, joining to decode(new ids).
+
+    A byte-level BPE token may end inside a UTF-8 character; such a piece is held back until the
+    character is whole (and flushed at the end, whatever it is). generator: as in stream_tokens.
+    """
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    new_ids: list[int] = []
+    printed = ""
+    for next_id in stream_tokens(model, idx, params, generator):
+        new_ids.append(int(next_id[0]))
+        text = tokenizer.decode(new_ids)
+        if not text.endswith("\ufffd") and len(text) > len(printed):
+            yield text[len(printed) :]
+            printed = text
+    text = tokenizer.decode(new_ids)
+    if text[len(printed) :]:
+        yield text[len(printed) :]

@@ -1,21 +1,69 @@
 """Choosing the next token from logits: greedy, temperature, top-k and nucleus (top-p) sampling.
 
-Pure functions; randomness comes only from the `torch.Generator` passed in, so a seed reproduces a
-sample exactly. Top-p is from Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration".
+`SamplingParams` is the one description of a sampling request, validated when it is built, and used
+by `GPT.generate`/`GPT.stream`, scripts/sample.py (whose --help is generated from the comments
+below) and the trainer's end-of-run sample. The functions are pure; randomness comes only from the
+`torch.Generator` passed in, so a seed reproduces a sample exactly. Top-p is from Holtzman et al.
+2020, "The Curious Case of Neural Text Degeneration".
 """
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
 
-def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise ValueError naming the first bad sampling setting."""
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} is invalid; it must be >= 0 (0 = greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} is invalid; it must be >= 1 (or null for no limit)")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} is invalid; it must be in (0, 1] (or null for no limit)")
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 500  # tokens to generate after the prompt (>= 1)
+    temperature: float = 0.8  # divides the logits; 0 = greedy (argmax, deterministic)
+    top_k: int | None = 200  # sample among the k most likely tokens only; none = no limit
+    top_p: float | None = None  # nucleus: most likely tokens up to probability p, in (0, 1]; none = all
+    seed: int | None = 1337  # the sampler's torch.Generator seed: same seed, same text; none = random
+    stop_token: int | None = None  # end a row when it produces this token id; none = never stop early
+    use_cache: bool = True  # KV cache; false recomputes the context for every token (same tokens, slower)
+    context_length: int | None = None  # tokens each step sees; none = block_size (rope/sinusoidal may exceed)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting and what is allowed."""
+        check_int("max_new_tokens", self.max_new_tokens, low=1)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature={self.temperature!r} is invalid; it must be a number >= 0 (0 = greedy)")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} is invalid; it must be finite and >= 0 (0 = greedy)")
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, low=1, rule="it must be >= 1 (or none for no limit)")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p} is invalid; it must be in (0, 1] (or none for no limit)")
+        if self.seed is not None:
+            check_int("seed", self.seed, low=0, high=MAX_SEED)
+        if self.stop_token is not None:
+            check_int("stop_token", self.stop_token, low=0)
+        if self.context_length is not None:
+            check_int("context_length", self.context_length, low=1)
+
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A generator seeded with `seed` (or from the OS's entropy when seed is none)."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None, rule: str = "") -> None:
+    """Raise ValueError unless `value` is an int in [low, high]."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    if not ok:
+        rule = rule or (f"it must be an integer in [{low}, {high}]" if high is not None else f"it must be >= {low}")
+        raise ValueError(f"{name}={value} is invalid; {rule}")
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:

@@ -1,10 +1,11 @@
 """Attention-weight heatmaps of a checkpoint for a prompt: one panel per layer (rows) and head (columns).
 
-    python scripts/attention_map.py outputs/.../checkpoints/best.safetensors --prompt "ROMEO: But soft" \
-        --out attention.png
+    python scripts/attention_map.py outputs/latest --prompt "ROMEO: But soft" --out attention.png
 
-Row i of a panel is query token i's softmax over the keys it sees (columns), from the explicit
-attention equation; above the diagonal is masked (zero).
+CHECKPOINT is a checkpoint file or a run directory (its best checkpoint). Row i of a panel is query
+token i's softmax over the keys it sees (columns), from the explicit attention equation; above the
+diagonal is masked (zero). --out without a suffix gets .png; the path written is the one printed. A
+bad input prints one line `error: ...` and writes nothing.
 """
 
 import argparse
@@ -21,8 +22,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from analysis.attention import attention_maps, token_label
+from analysis.run_plots import image_path
 from data.tokenizer import tokenizer_from_meta
+from model.generate import encode_prompt
+from scripts.sample import resolve_checkpoint
 from training.checkpoint import load_model
+from training.runtime import resolve_device
+from training.schema_help import OneLineParser
 
 log = logging.getLogger("attention_map")
 
@@ -55,11 +61,13 @@ def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str
 
 
 def write_attention_map(checkpoint: Path, prompt: str, out: Path, cache_dir: str = "", device: str = "cpu") -> Path:
-    model, ckpt = load_model(checkpoint, device)
+    """Write the attention maps of `prompt` to an image; returns the path written (see image_path)."""
+    path = image_path(Path(out))  # refused before the model is loaded
+    model, ckpt = load_model(resolve_checkpoint(checkpoint), resolve_device(device))
+    if not isinstance(ckpt.meta.get("tokenizer"), dict):
+        raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
     tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cache_dir)
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise ValueError("the prompt is empty; give --prompt with at least one token")
+    ids = encode_prompt(tokenizer, prompt, model.config.vocab_size)
     block_size = model.config.block_size
     if len(ids) > block_size:
         log.warning("prompt has %d tokens; keeping the last block_size=%d", len(ids), block_size)
@@ -68,24 +76,24 @@ def write_attention_map(checkpoint: Path, prompt: str, out: Path, cache_dir: str
     labels = [token_label(tokenizer.decode([i])) for i in ids]
     c = model.config
     shape = f"n_layer={c.n_layer}, n_head={c.n_head}, d_k={c.head_dim}"
-    title = f"{checkpoint.name} (step {ckpt.meta.get('step')}): {shape}, prompt {prompt!r}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return plot_attention(maps, labels, out, title)
+    title = f"{Path(checkpoint).name} (step {ckpt.meta.get('step')}): {shape}, prompt {prompt!r}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return plot_attention(maps, labels, path, title)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="a .safetensors checkpoint written by train.py")
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by train.py, or a run directory")
     parser.add_argument("--prompt", default="ROMEO: But soft, what light", help="text to attend over")
-    parser.add_argument("--out", type=Path, default=Path("attention.png"), help="PNG to write")
+    parser.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (.png if no suffix)")
     parser.add_argument("--cache-dir", default="", help="data cache (for the gpt2 tokenizer's ranks file)")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("wrote %s", path)
 
 

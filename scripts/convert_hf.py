@@ -1,16 +1,22 @@
 """Convert between our checkpoints and Hugging Face GPT-2 directories (needs `pip install transformers`).
 
-    python scripts/convert_hf.py export CHECKPOINT OUT_DIR    # -> OUT_DIR/config.json + model.safetensors
-    python scripts/convert_hf.py import HF_DIR CHECKPOINT     # e.g. GPT-2 weights you have on disk
+    python scripts/convert_hf.py export CHECKPOINT_OR_RUN_DIR OUT_DIR [--force]   # -> OUT_DIR, a GPT-2 model
+    python scripts/convert_hf.py import HF_DIR CHECKPOINT [--force]               # GPT-2 weights on disk -> ours
 
 Export takes a GPT-2-compatible checkpoint (learned positions, n_kv_head = n_head, no QK-norm,
-d_k = d_model / n_head) and writes a `GPT2LMHeadModel` that `from_pretrained(OUT_DIR)` loads and that
-computes the same logits. Import reads a local directory only (no download) and writes a checkpoint
-that scripts/sample.py and training.checkpoint.load_model read, with the GPT-2 tokenizer in its
-header. A problem the user can fix exits non-zero with one line `error: ...`.
+d_k = d_model / n_head) and writes a `GPT2LMHeadModel` (config.json, model.safetensors) that
+computes the same logits, and the checkpoint's tokenizer (tokenizer.json: char or GPT-2 BPE), so
+`transformers.pipeline("text-generation", model=OUT_DIR)` generates what scripts/sample.py does.
+Import reads a local directory's safetensors weights only (a pickle `pytorch_model.bin` is refused,
+never loaded) and writes a checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its
+header (or the char tokenizer, for a directory this script exported). Neither replaces an existing
+target without --force, and then the new one is written beside it first and renamed into place, so
+a failure leaves the old one. A problem the user can fix exits non-zero with one line `error: ...`,
+touching nothing.
 """
 
-import argparse
+import os
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -19,10 +25,13 @@ if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.config import DataConfig
-from data.tokenizer import GPT2_VOCAB_SIZE
+from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
+from model.hf_tokenizer import read_char_tokenizer, save_hf_tokenizer
+from scripts.sample import resolve_checkpoint
 from training.checkpoint import load_model, save_checkpoint
+from training.schema_help import OneLineParser
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
 
@@ -43,54 +52,119 @@ def eot_id(tokenizer_meta: dict) -> int | None:
     return None
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
-    """Our checkpoint -> a GPT2LMHeadModel directory (config.json + model.safetensors)."""
-    model, ckpt = load_model(checkpoint)
+def check_writable_target(path: Path, what: str, force: bool, is_dir: bool) -> None:
+    """Refuse a target that exists (without --force), is the wrong kind, or sits under a file."""
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"cannot write {what} {str(path)!r}: {str(parent)!r} is a file, not a directory")
+    if not path.exists() and not path.is_symlink():
+        return
+    if is_dir and not path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is an existing file; give a directory to write the model into")
+    if not is_dir and path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a directory; give a .safetensors file path")
+    if is_dir and not any(path.iterdir()):
+        return  # an empty directory holds nothing to lose
+    if not force:
+        raise ValueError(f"{what} {str(path)!r} already exists; pass --force to replace it")
+
+
+def replace_dir(staged: Path, target: Path) -> None:
+    """Move a fully written directory into place; an existing target is renamed away first, then removed."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        os.rename(target, old)
+    os.rename(staged, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def gpt2_ranks(tokenizer_meta: dict, cache_dir: str) -> dict[bytes, int] | None:
+    """tiktoken's GPT-2 ranks for a gpt2 checkpoint (cached, or fetched once as training does)."""
+    if tokenizer_meta.get("name") != "gpt2":
+        return None
+    return tokenizer_from_meta(tokenizer_meta, cache_dir).encoding._mergeable_ranks
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool = False) -> Path:
+    """Our checkpoint (or run directory) -> a GPT2LMHeadModel directory with its tokenizer."""
+    out_dir = Path(out_dir)
+    check_writable_target(out_dir, "export directory", force, is_dir=True)
+    model, ckpt = load_model(resolve_checkpoint(checkpoint))
     check_gpt2_compatible(model.config)  # before asking for transformers: an install would not help
     require_transformers()
-    hf = to_hf_gpt2(model, eos_token_id=eot_id(ckpt.meta.get("tokenizer", {})))
-    out_dir = Path(out_dir)
-    hf.save_pretrained(out_dir)
+    tokenizer_meta = ckpt.meta.get("tokenizer")
+    if not isinstance(tokenizer_meta, dict):
+        raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
+    ranks = gpt2_ranks(tokenizer_meta, ckpt.meta.get("config", {}).get("data", {}).get("cache_dir", ""))
+    hf = to_hf_gpt2(model, eos_token_id=eot_id(tokenizer_meta))
+    staged = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    try:
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        hf.save_pretrained(staged)
+        save_hf_tokenizer(tokenizer_meta, staged, ranks)
+        replace_dir(staged, out_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return out_dir
 
 
-def import_hf(hf_dir: str | Path, checkpoint: str | Path) -> tuple[GPT, Path]:
+def check_safetensors_weights(hf_dir: Path) -> None:
+    """Refuse a directory whose weights are only pickles: transformers would torch.load them."""
+    if (hf_dir / "model.safetensors").is_file() or (hf_dir / "model.safetensors.index.json").is_file():
+        return
+    pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    found = f"it has {', '.join(pickles)}, a pickle" if pickles else "it has no weights"
+    raise ValueError(
+        f"{str(hf_dir)!r} has no model.safetensors ({found}); only safetensors weights are read, never pickles"
+    )
+
+
+def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -> tuple[GPT, Path]:
     """A local GPT-2 directory -> our GPT and a checkpoint file with the GPT-2 tokenizer in its header."""
+    hf_dir, checkpoint = Path(hf_dir), Path(checkpoint)
+    check_writable_target(checkpoint, "checkpoint", force, is_dir=False)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{str(hf_dir)!r} is not a Hugging Face model directory (it has no config.json)")
+    check_safetensors_weights(hf_dir)
     require_transformers()
     from transformers import GPT2LMHeadModel
 
-    hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{str(hf_dir)!r} is not a Hugging Face model directory (it has no config.json)")
-    hf = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True).float()
+    hf = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True, use_safetensors=True).float()
     model = from_hf_gpt2(hf)
+    chars = read_char_tokenizer(hf_dir)  # one of our char exports comes back with its vocabulary
+    tokenizer = {"name": "char", "chars": chars} if chars is not None else GPT2_TOKENIZER_META
     meta = {
         "step": 0,
-        "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer="gpt2"))},
-        "tokenizer": GPT2_TOKENIZER_META,
+        "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer=tokenizer["name"]))},
+        "tokenizer": tokenizer,
         "source": {"hf_dir": str(hf_dir.resolve())},
     }
-    return model, save_checkpoint(checkpoint, model, None, meta)
+    return model, save_checkpoint(checkpoint, model, None, meta)  # written beside, then renamed
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="our checkpoint -> HF GPT-2 directory")
-    export.add_argument("checkpoint")
-    export.add_argument("out_dir")
-    imp = commands.add_parser("import", help="HF GPT-2 directory -> our checkpoint")
+    parser = OneLineParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    export = commands.add_parser("export", help="our checkpoint -> HF GPT-2 directory with its tokenizer")
+    export.add_argument("checkpoint", help="a checkpoint file or a run directory (its best checkpoint)")
+    export.add_argument("out_dir", help="the directory to write (refused if it exists and is not empty)")
+    imp = commands.add_parser("import", help="HF GPT-2 directory (safetensors) -> our checkpoint")
     imp.add_argument("hf_dir")
-    imp.add_argument("checkpoint")
+    imp.add_argument("checkpoint", help="the .safetensors file to write (refused if it exists)")
+    for sub in (export, imp):
+        sub.add_argument(
+            "--force", action="store_true", help="replace an existing target (written beside, then renamed)"
+        )
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
-            print(f"wrote {export_checkpoint(args.checkpoint, args.out_dir)}")
+            out = export_checkpoint(args.checkpoint, args.out_dir, args.force)
+            print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         else:
-            model, path = import_hf(args.hf_dir, args.checkpoint)
+            model, path = import_hf(args.hf_dir, args.checkpoint, args.force)
             print(f"wrote {path} ({model.num_params() / 1e6:.1f}M parameters)")
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
 
 if __name__ == "__main__":

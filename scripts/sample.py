@@ -1,152 +1,282 @@
-"""Sample text from a trained checkpoint: `python -m scripts.sample checkpoint=PATH [key=value ...]` (Hydra).
+"""Sample text from a trained checkpoint or run directory; the prompt goes in exactly as typed.
 
-Examples:
-    python -m scripts.sample checkpoint=outputs/run/ckpt_best.safetensors prompt="ROMEO:"
-    python -m scripts.sample checkpoint=ckpt.safetensors prompt_file=start.txt num_samples=3 seed=7
-    python -m scripts.sample checkpoint=ckpt.safetensors temperature=0 max_new_tokens=200   # greedy
-    python -m scripts.sample checkpoint=ckpt.safetensors stream=true top_p=0.9
+    python scripts/sample.py outputs/latest "ROMEO: But soft, what light"
+    python scripts/sample.py RUN_DIR "KING (aside): [Exit]" --temperature 0 --max-new-tokens 200 --stream
+    python scripts/sample.py RUN_DIR/checkpoints/best.safetensors --prompt-file start.txt --num-samples 3 --seed 7
+    echo "ROMEO:" | python scripts/sample.py outputs/latest -      # "-" reads the prompt from stdin
+    python scripts/sample.py outputs/latest -i                     # interactive: load once, prompt after prompt
+    python scripts/sample.py checkpoint=CKPT prompt="ROMEO:" temperature=0 stream=true   # key=value works too
 
-The text goes to stdout; a problem the user can fix exits non-zero with one line `error: ...`.
+A run directory gives its checkpoints/best.safetensors (else its newest step checkpoint). Every
+option may be written `--max-new-tokens 9`, `--max_new_tokens=9` or `max_new_tokens=9`; a prompt
+that itself looks like `word=value` goes after `--` or in `--prompt`. The text goes to stdout; a
+problem the user can fix prints one line `error: ...` on stderr before anything else and exits
+non-zero (2 for a bad option, 1 otherwise).
 """
 
+import argparse
+import dataclasses
+import difflib
+import os
+import re
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hydra
-import torch
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-
 from data import Tokenizer, tokenizer_from_meta
-from model.sampling import check_sampling_args
+from model.generate import check_context_length, encode_prompt, stream_text
+from model.sampling import SamplingParams
 from training.checkpoint import load_model
 from training.runtime import resolve_device
+from training.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
 
 SEPARATOR = "\n---------------\n"
+CLI_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "stop_token"]  # --stop-at-eot
+STEP_FILE = re.compile(r"step_(\d+)\.safetensors")
 
 
 @dataclass
 class SampleConfig:
-    checkpoint: str = ""  # path to a checkpoint written by train.py
-    prompt: str = "\n"  # the text to continue
-    prompt_file: str | None = None  # read the prompt from this file instead
-    max_new_tokens: int = 500
-    temperature: float = 0.8  # 0 = greedy
-    top_k: int | None = 200  # null = no limit
-    top_p: float | None = None  # nucleus sampling; null = no limit
-    num_samples: int = 1
-    seed: int = 1337
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    checkpoint: str = ""  # a checkpoint written by train.py, or a run directory (its best checkpoint)
+    prompt: str = "\n"  # the text to continue, as typed; "-" reads it from stdin
+    prompt_file: str | None = None  # read the prompt from this UTF-8 file instead
+    num_samples: int = 1  # samples per prompt, separated by a line of dashes
     stream: bool = False  # print tokens as they are sampled
+    interactive: bool = False  # a prompt loop on stdin that loads the model once (:help lists its commands)
     stop_at_eot: bool = False  # end a sample at the tokenizer's end-of-text token
-    use_cache: bool = True  # KV cache; false recomputes the context for every token (same tokens, slower)
-    context_length: int | None = None  # tokens conditioned on; null = block_size (rope/sinusoidal may go past)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     cache_dir: str = ""  # tokenizer files (GPT-2 ranks); "" = the checkpoint's data.cache_dir
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def validate(self) -> None:
-        """Checks only; the first bad value raises ValueError naming it and the rule."""
+        """Checks only (the sampling settings checked themselves); ValueError naming the first bad value."""
         if not self.checkpoint:
-            raise ValueError("checkpoint is not set; give checkpoint=PATH to a file written by train.py")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} is invalid; it must be >= 0")
-        if self.num_samples < 1:
+            raise ValueError("no checkpoint given; pass a checkpoint file or a run directory first")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
-        check_sampling_args(self.temperature, self.top_k, self.top_p)
 
 
-def register_configs() -> None:
-    ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
+# --- the command line: options generated from the schema, so --help cannot drift from it ---
 
 
-def read_prompt(cfg: SampleConfig) -> str:
+def cli_fields() -> list[FieldDoc]:
+    """The options sample.py takes: SampleConfig's own fields, then the sampling settings."""
+    own = [d for d in schema_fields(SampleConfig) if not d.name.startswith("sampling.")]
+    sampling = {d.name: d for d in schema_fields(SamplingParams)}
+    return own + [sampling[name] for name in CLI_SAMPLING_FIELDS]
+
+
+def value_parser(doc: FieldDoc) -> Callable[[str], object]:
+    """str -> the field's type; `none`/`null` for an optional field."""
+    base = {"int": int, "float": float, "str": str}[doc.type.replace(" | None", "")]
+    optional = doc.type.endswith("| None")
+
+    def parse(text: str) -> object:
+        if optional and text.strip().lower() in ("none", "null", ""):
+            return None
+        return base(text)
+
+    parse.__name__ = doc.type.replace(" | None", "")  # argparse names it in "invalid int value: 'x'"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(  # unset options stay out of the namespace (SUPPRESS), so `--top-k none` is seen
+        prog="scripts/sample.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("checkpoint_pos", nargs="?", metavar="CHECKPOINT_OR_RUN_DIR", help="as --checkpoint")
+    parser.add_argument("prompt_pos", nargs="?", metavar="PROMPT", help='as --prompt ("-" reads stdin)')
+    for doc in cli_fields():
+        flag = "--" + doc.name.replace("_", "-")
+        meaning = f"{doc.help} (default: {show_default(doc.default)})"
+        if doc.type == "bool":
+            flags = ("-i", flag) if doc.name == "interactive" else (flag,)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=meaning)
+        else:
+            metavar = doc.type.replace(" | None", "").upper()
+            parser.add_argument(flag, type=value_parser(doc), metavar=metavar, help=meaning)
+    return parser
+
+
+def bool_word(key: str, text: str) -> bool:
+    words = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+    if text.strip().lower() not in words:
+        raise ValueError(f"{key}={text!r} is invalid; it must be true or false")
+    return words[text.strip().lower()]
+
+
+def normalize_argv(argv: Iterable[str]) -> list[str]:
+    """Map the spellings users try onto the flags: `key=value` (the Hydra style this script had),
+    `+key=value`, `--key_name`. Words after `--` are left alone (prompts that look like options)."""
+    fields = {d.name: d for d in cli_fields()}
+    out: list[str] = []
+    words = list(argv)
+    for n, word in enumerate(words):
+        if word == "--":
+            out += words[n:]
+            break
+        if word.startswith("--") and "_" in word.split("=")[0]:
+            key, eq, value = word.partition("=")
+            out.append(key.replace("_", "-") + eq + value)
+            continue
+        match = re.fullmatch(r"\+?([A-Za-z_][A-Za-z0-9_]*)=(.*)", word, flags=re.DOTALL)
+        if not match:
+            out.append(word)
+            continue
+        key, value = match.groups()
+        if key not in fields:
+            hint = difflib.get_close_matches(key, fields, n=1)
+            suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+            raise ValueError(
+                f"unknown option {key!r}{suggestion}; see --help (a prompt shaped like key=value goes after --)"
+            )
+        flag = "--" + key.replace("_", "-")
+        if fields[key].type == "bool":
+            out.append(flag if bool_word(key, value) else "--no-" + flag[2:])
+        else:
+            out.append(f"{flag}={value}")
+    return out
+
+
+def parse_args(argv: list[str]) -> SampleConfig:
+    """The command line -> a SampleConfig whose sampling settings are already validated."""
+    given = vars(build_parser().parse_args(normalize_argv(argv)))
+    for name in ("checkpoint", "prompt"):
+        if f"{name}_pos" not in given:
+            continue
+        positional = given.pop(f"{name}_pos")
+        if name in given and positional != given[name]:
+            raise ValueError(f"{name} is given twice ({positional!r} and --{name} {given[name]!r}); give it once")
+        given[name] = positional
+    sampling = SamplingParams(**{k: given.pop(k) for k in CLI_SAMPLING_FIELDS if k in given})
+    return SampleConfig(**given, sampling=sampling)
+
+
+# --- loading and sampling ---
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given; a run directory -> its best checkpoint, else its newest step one."""
+    path = Path(path)
+    if not path.is_dir():
+        return path  # load_checkpoint names a missing file
+    for folder in (path / "checkpoints", path):
+        if (folder / "best.safetensors").is_file():
+            return folder / "best.safetensors"
+        steps = [(int(m.group(1)), p) for p in folder.glob("step_*.safetensors") if (m := STEP_FILE.fullmatch(p.name))]
+        if steps:
+            return max(steps)[1]
+    raise FileNotFoundError(
+        f"{str(path)!r} holds no checkpoint (no checkpoints/best.safetensors or checkpoints/step_*.safetensors)"
+    )
+
+
+def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     if cfg.prompt_file:
         path = Path(cfg.prompt_file)
         if not path.is_file():
-            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist")
-        text = path.read_text(encoding="utf-8")
+            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist or is not a file")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"prompt_file {str(path)!r} is not UTF-8 text (byte {e.start})") from None
+    elif cfg.prompt == "-":
+        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
+        text = text.removesuffix("\n")  # echo's newline, not part of the prompt
     else:
         text = cfg.prompt
     if not text:
-        raise ValueError("the prompt is empty; give prompt=TEXT or prompt_file=PATH")
+        raise ValueError("the prompt is empty; give PROMPT, --prompt-file FILE, or text on stdin with -")
     return text
 
 
-def encode_prompt(tokenizer: Tokenizer, text: str, vocab_size: int) -> list[int]:
-    try:
-        ids = tokenizer.encode(text)
-    except ValueError as e:  # the char tokenizer names the characters it does not know
-        raise ValueError(f"the prompt cannot be encoded: {e}") from None
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; give a longer prompt")
-    if max(ids) >= vocab_size:
-        raise ValueError(f"the prompt has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}")
-    return ids
+class Sampler:
+    """A loaded model and tokenizer, sampling prompt after prompt (the REPL loads once)."""
+
+    def __init__(self, cfg: SampleConfig) -> None:
+        cfg.validate()
+        self.device = resolve_device(cfg.device)
+        path = resolve_checkpoint(cfg.checkpoint)
+        try:
+            self.model, ckpt = load_model(path, self.device)
+        except (TypeError, KeyError, AttributeError) as e:  # a header that parses but does not fit the schema
+            raise ValueError(f"checkpoint {str(path)!r} has a malformed header ({type(e).__name__}: {e})") from None
+        if "tokenizer" not in ckpt.meta:
+            raise ValueError(f"checkpoint {str(path)!r} has no tokenizer in its header")
+        data_cfg = ckpt.meta.get("config", {}).get("data", {})
+        self.tokenizer: Tokenizer = tokenizer_from_meta(
+            ckpt.meta["tokenizer"], cfg.cache_dir or data_cfg.get("cache_dir", "")
+        )
+        self.path = path
+
+    def params(self, cfg: SampleConfig) -> SamplingParams:
+        """cfg's settings with the stop token resolved; the context length checked against the model."""
+        params = dataclasses.replace(cfg.sampling, stop_token=self.tokenizer.eot_id if cfg.stop_at_eot else None)
+        check_context_length(self.model, params.context_length)
+        return params
+
+    def sample(self, text: str, cfg: SampleConfig, out: TextIO) -> list[str]:
+        """Write cfg.num_samples continuations of `text` to `out`; return them (prompt included).
+
+        Everything that can fail on the user's input is checked before the first write."""
+        params = self.params(cfg)
+        ids = encode_prompt(self.tokenizer, text, self.model.config.vocab_size)
+        generator = params.make_generator(self.device)  # one per call: samples 2..n continue its draws
+        samples = []
+        for i in range(cfg.num_samples):
+            if i:
+                out.write(SEPARATOR)
+            out.write(text)
+            pieces = []
+            for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
+                pieces.append(piece)
+                if cfg.stream:
+                    out.write(piece)
+                    out.flush()
+            completion = "".join(pieces)
+            out.write(("" if cfg.stream else completion) + "\n")
+            out.flush()
+            samples.append(text + completion)
+        return samples
 
 
-def sample(cfg: SampleConfig, out: TextIO = sys.stdout) -> list[str]:
-    """Write num_samples continuations of the prompt to `out`; return them (prompt included)."""
+def sample(cfg: SampleConfig, out: TextIO | None = None, stdin: TextIO | None = None) -> list[str]:
+    """Load the checkpoint, then write cfg.num_samples continuations of the prompt to `out` (stdout)."""
     cfg.validate()
-    text = read_prompt(cfg)
-    device = resolve_device(cfg.device)
-    model, ckpt = load_model(cfg.checkpoint, device)
-    data_cfg = ckpt.meta.get("config", {}).get("data", {})
-    if "tokenizer" not in ckpt.meta:
-        raise ValueError(f"checkpoint {cfg.checkpoint!r} has no tokenizer in its header")
-    tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cfg.cache_dir or data_cfg.get("cache_dir", ""))
-    ids = encode_prompt(tokenizer, text, model.config.vocab_size)
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    settings = {
-        "temperature": cfg.temperature,
-        "top_k": cfg.top_k,
-        "top_p": cfg.top_p,
-        "use_cache": cfg.use_cache,
-        "generator": generator,
-        "stop_token": tokenizer.eot_id if cfg.stop_at_eot else None,
-        "context_length": cfg.context_length,
-    }
-    samples = []
-    for i in range(cfg.num_samples):  # one at a time, so streamed and printed samples are the same
-        if i:
-            out.write(SEPARATOR)
-        new_ids: list[int] = []
-        printed = ""
-        out.write(text)
-        for next_id in model.stream(idx, cfg.max_new_tokens, **settings):
-            new_ids.append(int(next_id[0]))
-            if cfg.stream:
-                printed = write_new_text(out, tokenizer, new_ids, printed)
-        completion = tokenizer.decode(new_ids)
-        out.write(completion[len(printed) :] + "\n")
-        out.flush()
-        samples.append(text + completion)
-    return samples
+    text = read_prompt(cfg, stdin or sys.stdin)
+    return Sampler(cfg).sample(text, cfg, out or sys.stdout)
 
 
-def write_new_text(out: TextIO, tokenizer: Tokenizer, ids: list[int], printed: str) -> str:
-    """Write what decoding `ids` adds to `printed`; hold back a half-decoded multi-byte character."""
-    text = tokenizer.decode(ids)
-    if text.endswith("\ufffd"):  # a BPE token may end inside a UTF-8 sequence; wait for the rest
-        return printed
-    out.write(text[len(printed) :])
-    out.flush()
-    return text
-
-
-register_configs()
-
-
-@hydra.main(version_base=None, config_path="../configs", config_name="sample")
-def main(cfg: DictConfig) -> None:
+def main(argv: list[str] | None = None) -> None:
     try:
-        sample(OmegaConf.to_object(cfg))
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        if cfg.interactive:
+            from scripts.sample_repl import repl  # here: the REPL module imports this one
+
+            repl(Sampler(cfg), cfg, sys.stdin, sys.stdout, sys.stderr)
+        else:
+            sample(cfg)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        sys.exit(0)
+    except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from data.batches import sample_batch
+from model.sampling import SamplingParams
 from scripts.sample import SampleConfig, sample
 from tests.e2e.distributed_worker import failing_worker, free_port
 from tests.helpers import compose_config
@@ -166,7 +167,8 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
 
     # The 2-process checkpoint is a plain one: sampling loads it, a 1-process run continues it exactly.
     checkpoints = run_dirs[0] / "checkpoints"
-    sample_cfg = SampleConfig(checkpoint=str(checkpoints / "step_0000004.safetensors"), device="cpu", max_new_tokens=10)
+    sampling = SamplingParams(max_new_tokens=10)
+    sample_cfg = SampleConfig(checkpoint=str(checkpoints / "step_0000004.safetensors"), device="cpu", sampling=sampling)
     samples = sample(sample_cfg, out=io.StringIO())
     assert len(samples) == 1 and len(samples[0]) > len(sample_cfg.prompt)
     two_final = load_checkpoint(checkpoints / "step_0000004.safetensors").section("model.")

@@ -1,7 +1,8 @@
-"""scripts/sample.py: sampling from a checkpoint, its config, and its one-line errors."""
+"""scripts/sample.py: prompts as typed, run directories, the REPL, generated --help, one-line errors."""
 
 import io
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -9,128 +10,284 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
-from scripts.sample import SampleConfig, register_configs, sample, write_new_text
+from model.sampling import SamplingParams
+from scripts.sample import SampleConfig, cli_fields, main, parse_args, resolve_checkpoint, sample
 from training.checkpoint import save_checkpoint
+from training.schema_help import show_default
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-CHARS = "\n !,.:?abcdefghijklmnopqrstuvwxyz"
+CHARS = "".join(sorted(set("\n !'(),.:?[]ABEGHIKMNORTWXabcdefghijklmnopqrstuvwxyz😀")))
+TYPED_PROMPTS = [
+    "ROMEO: But soft, what light",
+    "What's this?",
+    "Hello 😀 world",
+    "KING (aside): [Exit]",
+    "two\nlines: x",
+]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def tiny_checkpoint(path: Path, step: int = 0, **model_overrides) -> Path:
     """A tiny untrained GPT saved the way the trainer saves one."""
     tok = CharTokenizer(CHARS)
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, d_model=32)
-    torch.manual_seed(0)
+    torch.manual_seed(step)
+    model_cfg = {**asdict(cfg), **model_overrides}
     meta = {
-        "step": 0,
-        "config": {"model": asdict(cfg), "data": {"source": "files", "tokenizer": "char", "cache_dir": ""}},
+        "step": step,
+        "config": {"model": model_cfg, "data": {"source": "files", "tokenizer": "char", "cache_dir": ""}},
         "tokenizer": tok.to_meta(),
     }
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt.safetensors", GPT(cfg), None, meta)
+    return save_checkpoint(path, GPT(cfg), None, meta)
 
 
-def run(checkpoint: Path, **overrides) -> tuple[list[str], str]:
-    cfg = SampleConfig(checkpoint=str(checkpoint), device="cpu", max_new_tokens=20, **overrides)
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run")
+    tiny_checkpoint(run / "checkpoints" / "best.safetensors")
+    return run
+
+
+def run(run_dir: Path, **overrides) -> tuple[list[str], str]:
+    sampling = SamplingParams(**{"max_new_tokens": 20, **overrides.pop("sampling", {})})
+    cfg = SampleConfig(checkpoint=str(run_dir), device="cpu", sampling=sampling, **overrides)
     out = io.StringIO()
     return sample(cfg, out), out.getvalue()
 
 
-def test_samples_continue_the_prompt_and_are_printed(checkpoint):
-    samples, printed = run(checkpoint, prompt="to be", num_samples=3)
+def cli(capsys, argv: list[str], stdin: str | None = None, monkeypatch=None) -> tuple[int, str, str]:
+    """main(argv) as the shell would call it: (exit code, stdout, stderr)."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8"))
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def snapshot(directory: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
+
+
+def test_samples_continue_the_prompt_and_are_printed(run_dir):
+    samples, printed = run(run_dir, prompt="ROMEO:", num_samples=3)
     assert len(samples) == 3
     for text in samples:
-        assert text.startswith("to be") and len(text) >= len("to be") + 20  # EOT decodes to 13 characters
+        assert text.startswith("ROMEO:") and len(text) >= len("ROMEO:") + 20
         assert text in printed
     assert printed.count("---------------") == 2
 
 
-def test_same_seed_same_text_and_streaming_prints_the_same(checkpoint):
-    a, printed = run(checkpoint, prompt="why", seed=3, num_samples=2)
-    b, streamed = run(checkpoint, prompt="why", seed=3, num_samples=2, stream=True)
-    c, _ = run(checkpoint, prompt="why", seed=4, num_samples=2)
+def test_same_seed_same_text_and_streaming_prints_the_same(run_dir):
+    a, printed = run(run_dir, prompt="why", sampling={"seed": 3}, num_samples=2)
+    b, streamed = run(run_dir, prompt="why", sampling={"seed": 3}, num_samples=2, stream=True)
+    c, _ = run(run_dir, prompt="why", sampling={"seed": 4}, num_samples=2)
     assert a == b and printed == streamed
     assert a != c
 
 
-def test_uncached_sampling_gives_the_same_text(checkpoint):
-    assert run(checkpoint, seed=5, top_p=0.9)[0] == run(checkpoint, seed=5, top_p=0.9, use_cache=False)[0]
+def test_uncached_sampling_gives_the_same_text(run_dir):
+    cached = run(run_dir, sampling={"seed": 5, "top_p": 0.9})[0]
+    assert cached == run(run_dir, sampling={"seed": 5, "top_p": 0.9, "use_cache": False})[0]
 
 
-def test_prompt_file_and_greedy(checkpoint, tmp_path):
+def test_prompt_file_and_greedy_is_deterministic(run_dir, tmp_path):
     path = tmp_path / "prompt.txt"
     path.write_text("what is\n", encoding="utf-8")
-    from_file, _ = run(checkpoint, prompt_file=str(path), temperature=0.0)
-    from_cli, _ = run(checkpoint, prompt="what is\n", temperature=0.0, seed=99)
+    from_file, _ = run(run_dir, prompt_file=str(path), sampling={"temperature": 0.0})
+    from_cli, _ = run(run_dir, prompt="what is\n", sampling={"temperature": 0.0, "seed": 99})
     assert from_file == from_cli  # greedy: the seed does not matter
 
 
-def test_the_real_config_composes_to_a_sample_config():
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="sample", overrides=["checkpoint=x.safetensors", "top_p=0.9", "num_samples=2"])
-    typed = OmegaConf.to_object(cfg)
-    assert isinstance(typed, SampleConfig)
-    assert (typed.checkpoint, typed.top_p, typed.num_samples, typed.top_k) == ("x.safetensors", 0.9, 2, 200)
+@pytest.mark.parametrize("prompt", TYPED_PROMPTS)
+def test_prompts_go_in_as_typed(run_dir, capsys, prompt):
+    code, out, err = cli(capsys, [str(run_dir), prompt, "--max-new-tokens", "5", "--device", "cpu"])
+    assert (code, err) == (0, "")
+    assert out.startswith(prompt) and len(out) >= len(prompt) + 5
+
+
+def test_stdin_prompt_drops_only_echos_newline(run_dir, capsys, monkeypatch):
+    args = [str(run_dir), "-", "--temperature", "0", "--max-new-tokens", "6"]
+    code, out, err = cli(capsys, args, stdin="KING (aside):\n", monkeypatch=monkeypatch)
+    assert (code, err) == (0, "")
+    assert out == cli(capsys, [str(run_dir), "KING (aside):", "--temperature", "0", "--max-new-tokens", "6"])[1]
+
+
+def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_path):
+    ckpt = str(run_dir)
+    hydra_words = [f"checkpoint={ckpt}", "prompt=ROMEO:", "temperature=0", "max_new_tokens=200", "stream=true"]
+    hydra_words += [
+        "num_samples=3",
+        "top_p=0.9",
+        "seed=7",
+        "context_length=16",
+        "top_k=null",
+        f"prompt_file={tmp_path}",
+    ]
+    flag_words = [ckpt, "ROMEO:", "--temperature", "0", "--max-new-tokens", "200", "--stream", "--num-samples", "3"]
+    flag_words += [
+        "--top-p=0.9",
+        "--seed",
+        "7",
+        "--context-length",
+        "16",
+        "--top-k",
+        "none",
+        "--prompt-file",
+        str(tmp_path),
+    ]
+    mixed_words = [
+        "--checkpoint",
+        ckpt,
+        "--prompt",
+        "ROMEO:",
+        "--temperature=0",
+        "--max_new_tokens",
+        "200",
+        "stream=yes",
+    ]
+    mixed_words += ["--num_samples=3", "+top_p=0.9", "seed=7", "--context_length", "16", "top_k=none"]
+    mixed_words += ["--prompt_file", str(tmp_path)]
+    hydra_style, flags, mixed = parse_args(hydra_words), parse_args(flag_words), parse_args(mixed_words)
+    assert hydra_style == flags == mixed
+    assert hydra_style.sampling == SamplingParams(200, 0.0, None, 0.9, 7, None, True, 16)
+    assert parse_args([ckpt]) == SampleConfig(checkpoint=ckpt)  # the defaults are the schema's
+    assert parse_args([ckpt, "--", "temperature=hot"]).prompt == "temperature=hot"
+
+
+def test_a_run_directory_gives_its_best_then_its_newest_step_checkpoint(run_dir, tmp_path):
+    assert resolve_checkpoint(run_dir) == run_dir / "checkpoints" / "best.safetensors"
+    steps_only = tmp_path / "steps"
+    for step in (2, 10, 9):
+        tiny_checkpoint(steps_only / "checkpoints" / f"step_{step:07d}.safetensors", step)
+    assert resolve_checkpoint(steps_only).name == "step_0000010.safetensors"
+    latest = tmp_path / "outputs" / "latest"
+    latest.parent.mkdir()
+    latest.symlink_to(run_dir, target_is_directory=True)
+    assert run(latest, sampling={"seed": 1})[0] == run(run_dir, sampling={"seed": 1})[0]
+
+
+def test_the_repl_loads_once_and_takes_settings_while_it_runs(run_dir, capsys, monkeypatch):
+    one_shot = cli(capsys, [str(run_dir), "ROMEO:", "--seed", "3", "--max-new-tokens", "8"])[1]
+    script = "\n".join(
+        [
+            "ROMEO:",
+            ":temperature 0",
+            ":max 5",
+            ":top_k nope",
+            ":frobnicate 1",
+            "ZZ€",
+            "::x",
+            "::x",
+            ":show",
+            ":q",
+            "KING",
+        ]
+    )
+    code, out, err = cli(capsys, [str(run_dir), "-i", "--seed", "3", "--max-new-tokens", "8"], script, monkeypatch)
+    assert code == 0
+    assert out.startswith(one_shot)  # the first prompt: exactly what the one-shot command prints
+    greedy = out[len(one_shot) :].split("\n")
+    assert greedy[0].startswith(":x") and len(greedy[0]) == 2 + 5 and greedy[0] == greedy[1]  # 5 greedy tokens, twice
+    assert "temperature=0" in greedy[2] and "max_new_tokens=5" in greedy[2]
+    assert "KING" not in out  # :q ended the loop
+    assert err.splitlines() == [
+        "error: top_k='nope' is invalid; it must be an integer or none",
+        "error: unknown command :frobnicate; :help lists them",
+        f"error: the prompt cannot be encoded: characters 'Z', '€' are not in the char vocabulary ({len(CHARS)} "
+        "characters)",
+    ]
+
+
+def test_help_lists_every_option_with_its_default_and_meaning(capsys):
+    code, out, _ = cli(capsys, ["--help"])
+    assert code == 0
+    flat = " ".join(out.split())
+    fields = cli_fields()
+    assert {f.name for f in fields} >= {"temperature", "top_k", "top_p", "seed", "max_new_tokens", "num_samples"}
+    for f in fields:
+        assert "--" + f.name.replace("_", "-") in flat, f.name
+        assert " ".join(f"{f.help} (default: {show_default(f.default)})".split()) in flat, f.name
+
+
+def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
+    good = tiny_checkpoint(tmp_path / "good.safetensors")
+    paths = {"corrupt": tmp_path / "corrupt.safetensors", "pickle": tmp_path / "pickle.safetensors"}
+    paths["corrupt"].write_bytes(good.read_bytes()[:100])
+    torch.save({"weights": torch.zeros(2)}, paths["pickle"])
+    paths["malformed"] = tiny_checkpoint(tmp_path / "malformed.safetensors", n_heads=3)  # not a GPTConfig field
+    (tmp_path / "empty_run").mkdir()
+    paths["empty_run"] = tmp_path / "empty_run"
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    return paths
 
 
 @pytest.mark.parametrize(
-    "overrides,error,message",
+    "args,message",
     [
-        ({"checkpoint": ""}, ValueError, "checkpoint is not set"),
-        ({"checkpoint": "missing.safetensors"}, FileNotFoundError, "checkpoint 'missing.safetensors' does not exist"),
-        ({"prompt": ""}, ValueError, "the prompt is empty"),
-        ({"prompt_file": "nope.txt"}, FileNotFoundError, "prompt_file 'nope.txt' does not exist"),
-        ({"prompt": "Caps"}, ValueError, "the prompt cannot be encoded: characters 'C' are not in the char vocabulary"),
-        ({"temperature": -0.5}, ValueError, r"temperature=-0.5 is invalid; it must be >= 0"),
-        ({"top_p": 0.0}, ValueError, r"top_p=0.0 is invalid; it must be in \(0, 1\]"),
-        ({"top_p": 1.01}, ValueError, r"top_p=1.01 is invalid; it must be in \(0, 1\]"),
-        ({"num_samples": 0}, ValueError, "num_samples=0 is invalid"),
-        ({"context_length": 10_000}, ValueError, r"context_length=10000 is invalid; .* <= block_size"),
+        (["RUN", "x", "temperature=nan"], "temperature=nan is invalid; it must be finite and >= 0"),
+        (["RUN", "x", "--temperature", "inf"], "temperature=inf is invalid"),
+        (["RUN", "x", "--temperature=-1"], "temperature=-1.0 is invalid"),
+        (["RUN", "x", "context_length=0"], "context_length=0 is invalid; it must be >= 1"),
+        (["RUN", "x", "context_length=10000"], r"context_length=10000 is invalid; .* <= block_size \(32\)"),
+        (["RUN", "x", "top_p=2"], r"top_p=2.0 is invalid; it must be in \(0, 1\]"),
+        (["RUN", "x", "top_k=0"], "top_k=0 is invalid"),
+        (["RUN", "x", "max_new_tokens=0"], "max_new_tokens=0 is invalid; it must be >= 1"),
+        (["RUN", "x", "num_samples=0"], "num_samples=0 is invalid"),
+        (["RUN", "x", "seed=-1"], "seed=-1 is invalid"),
+        (["RUN", "x", "seed=99999999999999999999"], "seed=99999999999999999999 is invalid"),
+        (["RUN", "x", "--seed", "7.5"], "argument --seed: invalid int value: '7.5'"),
+        (["RUN", "x", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["RUN", "x", "tempreture=1"], r"unknown option 'tempreture' \(did you mean temperature\?\)"),
+        (["RUN", "x", "stream=maybe"], "stream='maybe' is invalid; it must be true or false"),
+        (["RUN", "x", "device=foo"], "device='foo' is invalid"),
+        (["RUN", "ZZ€@"], r"the prompt cannot be encoded: characters '@', 'Z', '€' are not in the char vocabulary"),
+        (["RUN", ""], "the prompt is empty"),
+        (["RUN", "--prompt-file", "TMP/nope.txt"], "prompt_file '.*nope.txt' does not exist"),
+        (["RUN", "--prompt-file", "TMP/latin1.txt"], r"prompt_file '.*latin1.txt' is not UTF-8 text"),
+        (["RUN", "a", "--prompt", "b"], "prompt is given twice"),
+        ([], "no checkpoint given"),
+        (["TMP/missing.safetensors", "x"], "checkpoint '.*missing.safetensors' does not exist"),
+        (["corrupt", "x"], "is corrupt or not a safetensors file"),
+        (["pickle", "x"], "is a pickle/torch.save file; only attnlab safetensors load"),
+        (["malformed", "x"], r"has a malformed header \(TypeError"),
+        (["empty_run", "x"], "holds no checkpoint"),
     ],
 )
-def test_bad_input_is_refused_with_a_message(checkpoint, overrides, error, message):
-    cfg = {"checkpoint": str(checkpoint), **overrides}
-    with pytest.raises(error, match=message):
-        run(**cfg)
-
-
-def test_corrupt_checkpoint_is_refused(checkpoint, tmp_path):
-    bad = tmp_path / "bad.safetensors"
-    bad.write_bytes(checkpoint.read_bytes()[:100])
-    with pytest.raises(ValueError, match="is corrupt or not a safetensors file"):
-        run(bad)
-
-
-def test_streaming_holds_back_a_half_decoded_character():
-    class Bytes:  # decodes ids as UTF-8 bytes, like a byte-level BPE
-        def decode(self, ids):
-            return bytes(ids).decode("utf-8", errors="replace")
-
-    out = io.StringIO()
-    printed = write_new_text(out, Bytes(), [104, 0xC3], "")  # "h" + the first byte of "é"
-    assert printed == "" and out.getvalue() == ""
-    printed = write_new_text(out, Bytes(), [104, 0xC3, 0xA9], printed)
-    assert printed == "hé" and out.getvalue() == "hé"
+def test_bad_input_gives_one_error_line_and_nothing_else(run_dir, tmp_path, capsys, args, message):
+    paths = {"RUN": run_dir, **bad_checkpoints(tmp_path)}
+    argv = [str(paths[a]) if a in paths else a.replace("TMP", str(tmp_path)) for a in args]
+    before, run_before = snapshot(tmp_path), snapshot(run_dir)
+    code, out, err = cli(capsys, [*argv, "--device", "cpu"] if "device=foo" not in args else argv)
+    assert code in (1, 2) and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(message, lines[0]), lines[0]
+    assert snapshot(tmp_path) == before and snapshot(run_dir) == run_before
 
 
 @pytest.mark.slow
-def test_cli_prints_text_and_exits_nonzero_with_one_line_errors(checkpoint, tmp_path):
-    def cli(*args: str) -> subprocess.CompletedProcess:
+def test_cli_subprocess_prints_text_as_typed_and_one_line_errors(run_dir, tmp_path):
+    def call(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": ""}  # the script must find the repo by itself
-        command = [sys.executable, str(ROOT / "scripts" / "sample.py"), f"checkpoint={checkpoint}", *args]
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        command = [sys.executable, str(ROOT / "scripts" / "sample.py"), str(run_dir), *args, "--device", "cpu"]
+        return subprocess.run(command, cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True, timeout=120)
 
-    ok = cli("prompt=hello", "max_new_tokens=10", "stream=true", "device=cpu")
+    prompt = "KING (aside): What's this? 😀 [Exit]\nROMEO:"
+    ok = call(prompt, "--max-new-tokens", "10", "--stream", "--temperature", "0")
     assert ok.returncode == 0, ok.stderr[-2000:]
-    assert ok.stdout.startswith("hello") and len(ok.stdout) >= len("hello") + 10
-    assert list(tmp_path.iterdir()) == [], "sampling must not write a run directory"
-    bad = cli("top_p=2", "device=cpu")
-    assert bad.returncode != 0
-    expected = "error: top_p=2.0 is invalid; it must be in (0, 1] (or null for no limit)"
-    assert bad.stderr.strip().splitlines() == [expected]
+    assert ok.stdout.startswith(prompt) and len(ok.stdout) >= len(prompt) + 10
+    assert call(prompt, "max_new_tokens=10", "temperature=0").stdout == ok.stdout  # greedy: deterministic
+    assert list(tmp_path.iterdir()) == [], "sampling must not write anything"
+    repl = call("-i", "--max-new-tokens", "4", stdin="ROMEO:\n:seed 2\nROMEO:\n")
+    assert repl.returncode == 0 and repl.stdout.count("ROMEO:") == 2 and repl.stderr == ""
+    bad = call("x", "temperature=nan")
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.splitlines() == ["error: temperature=nan is invalid; it must be finite and >= 0 (0 = greedy)"]

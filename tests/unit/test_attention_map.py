@@ -1,6 +1,7 @@
 """Attention maps: real softmax rows of the model itself, causal, one per layer and head; the script's PNG."""
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -113,4 +114,54 @@ def test_script_cli_reports_an_unknown_character(tmp_path):
     cmd = [sys.executable, "scripts/attention_map.py", str(ckpt), "--prompt", "the QUEEN", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and not out.exists()
-    assert done.stderr.strip().splitlines()[-1].startswith("error: characters 'E', 'N', 'Q', 'U' are not in the char")
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
+    expected = "error: the prompt cannot be encoded: characters 'E', 'N', 'Q', 'U' are not in the char"
+    assert done.stderr.startswith(expected)
+
+
+def snapshot(directory: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--device", "foo"], r"^error: device='foo' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
+        (
+            ["--out", "TMP/file.txt/attn.png"],
+            r"^error: --out '.*file.txt/attn.png' cannot be written: '.*file.txt' is a",
+        ),
+        (
+            ["--out", "TMP/folder"],
+            r"^error: --out '.*folder' is a directory; give a file path such as '.*/plot.png'",
+        ),
+        (["--out", "TMP/attn.docx"], r"^error: --out '.*attn.docx' has suffix '.docx'; use one of .*\.png"),
+        (["--prompt", ""], r"^error: the prompt is empty"),
+        (["--frobnicate"], r"^error: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_script_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys, args, message):
+    from scripts.attention_map import main
+
+    ckpt = char_checkpoint(tmp_path)
+    (tmp_path / "file.txt").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([str(ckpt), *(a.replace("TMP", str(tmp_path)) for a in args)])
+    text = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err
+    assert e.value.code not in (0, None) and len(text.strip().splitlines()) == 1
+    assert re.search(message, text.strip()), text
+    assert snapshot(tmp_path) == before
+
+
+def test_script_says_exactly_what_it_wrote(tmp_path, caplog):
+    from scripts.attention_map import main
+
+    ckpt = char_checkpoint(tmp_path)
+    with caplog.at_level("INFO", logger="attention_map"):
+        main([str(ckpt), "--prompt", "the king", "--out", str(tmp_path / "maps" / "attn")])
+    written = tmp_path / "maps" / "attn.png"
+    assert written.read_bytes().startswith(b"\x89PNG") and not (tmp_path / "maps" / "attn").exists()
+    assert caplog.messages[-1] == f"wrote {written}"
+    assert ckpt.is_file()

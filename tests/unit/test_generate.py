@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
-from model.generate import pad_prompts
+from model.generate import encode_prompt, pad_prompts, stream_text, stream_tokens
+from model.sampling import SamplingParams
 
 VOCAB = 40
 
@@ -90,3 +92,40 @@ def test_negative_max_new_tokens_and_bad_sampling_are_refused(model):
         model.generate(idx, -1)
     with pytest.raises(ValueError, match="top_p=0 is invalid"):
         model.generate(idx, 3, top_p=0)
+
+
+def test_engine_with_params_draws_what_generate_draws_with_that_seed(model):
+    idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(max_new_tokens=15, temperature=0.9, top_k=10, top_p=0.95, seed=21)
+    engine = torch.stack(list(stream_tokens(model, idx, params)), dim=1)
+    g = torch.Generator().manual_seed(21)
+    assert torch.equal(engine, model.generate(idx, 15, 0.9, 10, 0.95, generator=g)[:, 4:])
+    other = torch.stack(list(stream_tokens(model, idx, SamplingParams(max_new_tokens=15, seed=22))), dim=1)
+    assert not torch.equal(engine, other)
+
+
+def test_bad_settings_fail_when_stream_is_called_not_when_first_advanced(model):
+    with pytest.raises(ValueError, match="temperature=nan is invalid"):
+        model.stream(torch.zeros(1, 1, dtype=torch.long), 3, temperature=float("nan"))
+    with pytest.raises(ValueError, match="context_length=0 is invalid"):
+        model.stream(torch.zeros(1, 1, dtype=torch.long), 3, context_length=0)
+
+
+def test_encode_prompt_names_unknown_characters_and_refuses_empty_prompts():
+    tok = CharTokenizer(" abc")
+    assert encode_prompt(tok, "ab c", tok.vocab_size) == [1, 2, 0, 3]
+    with pytest.raises(ValueError, match=r"^the prompt cannot be encoded: characters '@', 'Z' are not in") as e:
+        encode_prompt(tok, "aZZ@", tok.vocab_size)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        encode_prompt(tok, "", tok.vocab_size)
+    with pytest.raises(ValueError, match="beyond the model's vocabulary of 3"):
+        encode_prompt(tok, "c", 3)
+
+
+def test_stream_text_pieces_join_to_the_decoded_tokens(model):
+    tok = CharTokenizer("".join(chr(ord("a") + i) for i in range(VOCAB - 1)))
+    params = SamplingParams(max_new_tokens=12, seed=5)
+    pieces = list(stream_text(model, tok, [1, 2, 3], params))
+    ids = [int(t[0]) for t in stream_tokens(model, torch.tensor([[1, 2, 3]]), params)]
+    assert "".join(pieces) == tok.decode(ids) and len(pieces) == 12

@@ -5,6 +5,8 @@ batches, identical greedy generations, and refusals that name the setting GPT-2 
 """
 
 import json
+import pickle
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -16,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from data import tokenizer as tokenizer_mod  # noqa: E402
-from data.tokenizer import CharTokenizer  # noqa: E402
+from data.tokenizer import EOT_TEXT, CharTokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.hf_interop import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
 from scripts.convert_hf import export_checkpoint, import_hf  # noqa: E402
@@ -158,6 +160,13 @@ def test_convert_script_exports_and_imports_checkpoints(tmp_path, monkeypatch):
     loaded, back = load_model(path)  # what scripts/sample.py does
     assert_same_logits(loaded, hf)
     assert back.meta["config"]["model"] == asdict(loaded.config)
+    assert back.meta["tokenizer"] == tok.to_meta(), "our own char export comes back with its vocabulary"
+    assert back.meta["config"]["data"]["tokenizer"] == "char"
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a GPT-2 directory of someone else's
+        (hf_dir / name).unlink()
+    _, path = import_hf(hf_dir, tmp_path / "gpt2.safetensors")
+    back = load_model(path)[1]
     assert back.meta["config"]["data"]["tokenizer"] == "gpt2"
     # the header names the tokenizer the way the data package reads it back
     monkeypatch.setattr(tokenizer_mod, "gpt2_tokenizer", lambda cache_dir: "the gpt2 tokenizer")
@@ -185,3 +194,131 @@ def test_convert_script_errors_are_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "error: model.pos_encoding='rope' cannot be exported to GPT-2, which has learned positions"
     ]
+
+
+SHAKESPEARE_CHARS = "".join(sorted(set("\n !',.:;?ABCDEFGHIKLMNORSTUWYabcdefghiklmnoprstuvwy")))
+
+
+def char_run(tmp_path: Path, without_eot: bool = False) -> Path:
+    """A run directory holding a tiny char-vocabulary GPT with decisive weights, saved as the trainer does.
+
+    without_eot: the first seed whose greedy continuation of "ROMEO:" has no end-of-text in 40 tokens
+    (the pipeline stops there, so the texts would be compared over a few characters only)."""
+    tok = CharTokenizer(SHAKESPEARE_CHARS)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=48, n_layer=2, n_head=4, d_model=48)
+    for seed in range(50):
+        torch.manual_seed(seed)
+        model = decisive(GPT(cfg)).eval()
+        greedy = model.generate(torch.tensor([tok.encode("ROMEO:")]), 40, temperature=0)[0].tolist()
+        if not without_eot or tok.eot_id not in greedy:
+            break
+    meta = {"step": 3, "config": {"model": asdict(cfg), "data": {"cache_dir": ""}}, "tokenizer": tok.to_meta()}
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "best.safetensors", model, None, meta)
+    return tmp_path / "run"
+
+
+def test_exported_directory_generates_in_a_transformers_pipeline_what_sample_py_prints(tmp_path, capsys):
+    from scripts.sample import main as sample_main
+
+    hf_dir = export_checkpoint(char_run(tmp_path, without_eot=True), tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in hf_dir.iterdir()
+    }
+    tok = CharTokenizer(SHAKESPEARE_CHARS)
+    assert transformers.AutoTokenizer.from_pretrained(hf_dir)("ROMEO:")["input_ids"] == tok.encode("ROMEO:")
+    pipe = transformers.pipeline("text-generation", model=str(hf_dir), device="cpu")
+    theirs = pipe("ROMEO:", max_new_tokens=40, do_sample=False)[0]["generated_text"]
+    sample_main([str(tmp_path / "run"), "ROMEO:", "--temperature", "0", "--max-new-tokens", "40", "--device", "cpu"])
+    ours = capsys.readouterr().out
+    assert len(theirs) == len("ROMEO:") + 40, "the pipeline generated all 40 characters"
+    assert len(set(theirs[6:])) > 3, "a greedy loop of one character would prove little"
+    assert ours == theirs + "\n"
+
+
+def test_the_pipeline_stops_at_end_of_text_where_sample_py_does(tmp_path, capsys):
+    from scripts.sample import main as sample_main
+
+    hf_dir = export_checkpoint(char_run(tmp_path), tmp_path / "hf")  # seed 0 ends its text early
+    theirs = transformers.pipeline("text-generation", model=str(hf_dir), device="cpu")(
+        "ROMEO:", max_new_tokens=40, do_sample=False
+    )[0]["generated_text"]
+    sample_main([str(tmp_path / "run"), "ROMEO:", "temperature=0", "max_new_tokens=40", "stop_at_eot=true"])
+    ours = capsys.readouterr().out
+    assert ours.endswith(EOT_TEXT + "\n") and len(ours) < len("ROMEO:") + 40
+    assert ours.removesuffix(EOT_TEXT + "\n") == theirs
+
+
+def snapshot(directory: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
+
+
+def convert_error(argv: list[str], capsys) -> str:
+    """The one line convert_hf prints for a refused command (SystemExit's message, or argparse's)."""
+    with pytest.raises(SystemExit) as e:
+        convert_main(argv)
+    stderr = capsys.readouterr().err
+    message = e.value.code if isinstance(e.value.code, str) else stderr
+    lines = message.strip().splitlines()
+    assert e.value.code not in (0, None) and len(lines) == 1 and lines[0].startswith("error: "), message
+    return lines[0]
+
+
+class Payload:
+    """Unpickling this creates a file: proof of whether anything unpickled it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_convert_refuses_to_overwrite_and_replaces_only_with_force(tmp_path, capsys):
+    run = char_run(tmp_path)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    (tmp_path / "some_file.txt").write_text("mine")
+    (tmp_path / "empty").mkdir()
+    existing = save_checkpoint(tmp_path / "existing.safetensors", GPT(GPTConfig(vocab_size=8, n_layer=1)), None, {})
+    cases = {
+        ("export", str(run), str(tmp_path / "taken")): "export directory '.*taken' already exists; pass --force",
+        (
+            "export",
+            str(run),
+            str(tmp_path / "some_file.txt"),
+        ): "'.*some_file.txt' is an existing file; give a directory",
+        ("export", str(run), str(tmp_path / "some_file.txt" / "hf")): "'.*some_file.txt' is a file, not a directory",
+        ("import", str(tmp_path / "taken"), str(existing)): "checkpoint '.*existing.safetensors' already exists",
+        ("import", str(tmp_path / "taken"), str(tmp_path / "empty")): "'.*empty' is a directory; give a .safetensors",
+        ("export", str(tmp_path / "empty"), str(tmp_path / "out")): "'.*empty' holds no checkpoint",
+        ("export", str(run), str(tmp_path / "out"), "--frobnicate"): "unrecognized arguments: --frobnicate",
+    }
+    for argv, message in cases.items():
+        before = snapshot(tmp_path)
+        line = convert_error(list(argv), capsys)
+        assert re.search(message, line), line
+        assert snapshot(tmp_path) == before, argv
+
+    convert_main(["export", str(run), str(tmp_path / "empty")])  # an empty directory holds nothing to lose
+    convert_main(["export", str(run), str(tmp_path / "taken"), "--force"])
+    assert "notes.txt" not in {p.name for p in (tmp_path / "taken").iterdir()}
+    assert (tmp_path / "taken" / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "no staging left behind"
+    convert_main(["import", str(tmp_path / "taken"), str(existing), "--force"])
+    assert load_model(existing)[0].config.vocab_size == len(SHAKESPEARE_CHARS) + 1
+
+
+def test_import_refuses_pickle_weights_without_unpickling_them(tmp_path, capsys, monkeypatch):
+    hf_dir = tmp_path / "pickled"
+    random_hf().config.save_pretrained(hf_dir)
+    marker = tmp_path / "unpickled"
+    (hf_dir / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
+    before = snapshot(tmp_path)
+    line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
+    assert re.fullmatch(
+        r"error: '.*pickled' has no model.safetensors \(it has pytorch_model.bin, a pickle\); "
+        r"only safetensors weights are read, never pickles",
+        line,
+    ), line
+    assert not marker.exists() and snapshot(tmp_path) == before

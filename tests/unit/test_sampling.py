@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model.sampling import check_sampling_args, keep_top_k, keep_top_p, sample_next
+from model.sampling import SamplingParams, keep_top_k, keep_top_p, sample_next
 
 N = 4000  # draws per distribution; rows of one batch, so one multinomial call
 
@@ -74,13 +74,39 @@ def test_same_seed_same_sample_different_seed_different_sample():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"temperature": -0.1}, r"temperature=-0.1 is invalid; it must be >= 0"),
-        ({"top_k": 0}, r"top_k=0 is invalid; it must be >= 1"),
-        ({"top_p": 0.0}, r"top_p=0.0 is invalid; it must be in \(0, 1\]"),
-        ({"top_p": 1.5}, r"top_p=1.5 is invalid; it must be in \(0, 1\]"),
+        ({"temperature": -0.1}, r"^temperature=-0.1 is invalid; it must be finite and >= 0"),
+        ({"temperature": float("nan")}, r"^temperature=nan is invalid; it must be finite and >= 0"),
+        ({"temperature": float("inf")}, r"^temperature=inf is invalid; it must be finite and >= 0"),
+        ({"temperature": "hot"}, r"^temperature='hot' is invalid; it must be a number"),
+        ({"top_k": 0}, r"^top_k=0 is invalid; it must be >= 1"),
+        ({"top_p": 0.0}, r"^top_p=0.0 is invalid; it must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"^top_p=1.5 is invalid; it must be in \(0, 1\]"),
+        ({"top_p": float("nan")}, r"^top_p=nan is invalid; it must be in \(0, 1\]"),
+        ({"max_new_tokens": 0}, r"^max_new_tokens=0 is invalid; it must be >= 1"),
+        ({"seed": -1}, r"^seed=-1 is invalid; it must be an integer in \[0, 18446744073709551615\]"),
+        ({"seed": 99999999999999999999}, r"^seed=99999999999999999999 is invalid"),
+        ({"context_length": 0}, r"^context_length=0 is invalid; it must be >= 1"),
+        ({"stop_token": -3}, r"^stop_token=-3 is invalid; it must be >= 0"),
     ],
 )
-def test_bad_settings_are_refused_with_a_message(kwargs, message):
-    args = {"temperature": 1.0, "top_k": None, "top_p": None, **kwargs}
-    with pytest.raises(ValueError, match=message):
-        check_sampling_args(**args)
+def test_bad_settings_are_refused_with_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        SamplingParams(**kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_changed_settings_are_validated_again():
+    import dataclasses
+
+    params = SamplingParams()
+    assert dataclasses.replace(params, temperature=0).temperature == 0
+    with pytest.raises(ValueError, match="temperature=-1 is invalid"):
+        dataclasses.replace(params, temperature=-1)
+
+
+def test_a_seed_makes_the_same_generator_and_none_a_fresh_one():
+    def draw(seed):
+        return torch.rand(4, generator=SamplingParams(seed=seed).make_generator())
+
+    assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
+    assert not torch.equal(draw(None), draw(None))

@@ -1,0 +1,37 @@
+"""Plot one or more runs' metrics into one PNG: train/val loss, lr and tokens/s against step and wall time.
+
+    python scripts/plot_run.py outputs/latest                       # -> outputs/latest/plots.png
+    python scripts/plot_run.py runs/h4_dk8 runs/h1_dk32 --out compare.png   # overlaid, one colour per run
+
+Reads RUN/metrics.jsonl only (see analysis/run_plots.py); no wandb needed. A bad input prints one
+line `error: ...` and writes nothing.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.run_plots import plot_runs
+from training.schema_help import OneLineParser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="directories holding metrics.jsonl")
+    parser.add_argument(
+        "--out", type=Path, help="image to write (default: RUN_DIR/plots.png for one run, else plots.png)"
+    )
+    args = parser.parse_args(argv)
+    out = args.out or (args.run_dirs[0] / "plots.png" if len(args.run_dirs) == 1 else Path("plots.png"))
+    try:
+        path = plot_runs(args.run_dirs, out)
+    except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

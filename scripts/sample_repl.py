@@ -1,0 +1,82 @@
+"""The interactive mode of scripts/sample.py (`-i`): load the model once, then sample prompt after
+prompt from stdin, with `:name value` commands changing the sampling settings while it runs.
+
+It reads plain lines from stdin, so a test (or a pipe) can drive it: `printf 'ROMEO:\n:seed 2\n' |
+python scripts/sample.py RUN -i`. Each prompt starts a fresh generator from the current seed, so a
+prompt gives exactly what the one-shot command with the same settings prints.
+"""
+
+import dataclasses
+import difflib
+from typing import TextIO
+
+from scripts.sample import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
+from training.schema_help import show_default
+
+REPL_ALIASES = {"max": "max_new_tokens", "temp": "temperature", "k": "top_k", "p": "top_p", "n": "num_samples"}
+REPL_SETTINGS = ("num_samples", "stream", "stop_at_eot")  # SampleConfig fields the REPL may change
+REPL_HELP = """Type a prompt and press Enter to sample it; "\\n" in a prompt is a newline, "::text" a prompt that
+starts with ":". Commands:
+  :temperature X   :top_k N|none   :top_p X|none   :seed N|none   :max N (max_new_tokens)
+  :context_length N|none   :use_cache on|off   :num_samples N   :stream on|off   :stop_at_eot on|off
+  :show   the settings       :help   this text       :quit   leave (end of input does too)"""
+
+
+def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: TextIO) -> SampleConfig:
+    """Sample each line of stdin as a prompt, with `:name value` commands changing the settings;
+    a bad prompt or setting prints `error: ...` and the loop goes on. Returns the final settings."""
+    tty = stdin.isatty()
+    if tty:
+        err.write(f"loaded {sampler.path}; :help lists the commands, :quit leaves\n")
+    while True:
+        if tty:
+            err.write("> ")
+            err.flush()
+        line = stdin.readline()
+        if not line:
+            return cfg
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        try:
+            if line.startswith(":") and not line.startswith("::"):
+                name, _, value = line[1:].strip().partition(" ")
+                if name in ("q", "quit", "exit"):
+                    return cfg
+                cfg = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+            else:
+                text = line[1:] if line.startswith("::") else line
+                sampler.sample(text.replace("\\n", "\n"), cfg, out)
+        except ValueError as e:
+            err.write(f"error: {e}\n")
+
+
+def repl_command(name: str, value: str, cfg: SampleConfig, out: TextIO) -> SampleConfig:
+    """Apply one `:name value` command; ValueError (one line) for a bad name or value."""
+    if name == "help":
+        out.write(REPL_HELP + "\n")
+        return cfg
+    if name == "show":
+        settings = {
+            **{k: getattr(cfg.sampling, k) for k in CLI_SAMPLING_FIELDS},
+            **{k: getattr(cfg, k) for k in REPL_SETTINGS},
+        }
+        out.write("  ".join(f"{k}={show_default(v)}" for k, v in settings.items()) + "\n")
+        return cfg
+    docs = {d.name: d for d in cli_fields()}
+    if name not in CLI_SAMPLING_FIELDS and name not in REPL_SETTINGS:
+        hint = difflib.get_close_matches(name, [*CLI_SAMPLING_FIELDS, *REPL_SETTINGS, "show", "help", "quit"], n=1)
+        raise ValueError(f"unknown command :{name}{f' (did you mean :{hint[0]}?)' if hint else ''}; :help lists them")
+    doc = docs[name]
+    try:
+        parsed = bool_word(name, value) if doc.type == "bool" else value_parser(doc)(value)
+    except (TypeError, ValueError) as e:
+        if str(e).startswith(f"{name}="):
+            raise
+        kind = {"int": "an integer", "float": "a number", "str": "text"}[doc.type.replace(" | None", "")]
+        raise ValueError(f"{name}={value!r} is invalid; it must be {kind}{' or none' * ('None' in doc.type)}") from None
+    if name in REPL_SETTINGS:
+        changed = dataclasses.replace(cfg, **{name: parsed})
+        changed.validate()
+        return changed
+    return dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, **{name: parsed}))

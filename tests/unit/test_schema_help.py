@@ -1,0 +1,63 @@
+"""training/schema_help.py: help generated from dataclass schemas (names, types, defaults, comments)."""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from training.config import TrainConfig
+from training.schema_help import render_help, schema_fields
+
+
+@dataclass
+class Inner:
+    depth: int = 3  # how deep it goes
+    # the comment above a field
+    # spans two lines
+    label: str | None = None
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    rate: float = 0.5  # a rate, with a colon: and "quotes" # and a hash
+    names: list[str] = field(default_factory=lambda: ["a"], metadata={"help": "from metadata"})
+    bare: bool = True
+
+
+def leaf_names(cls: type, prefix: str = "") -> list[str]:
+    """Dotted leaf names by walking dataclasses.fields: the reference the help is held to."""
+    names = []
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            names += leaf_names(type(default), f"{prefix}{f.name}.")
+        else:
+            names.append(f"{prefix}{f.name}")
+    return names
+
+
+def test_fields_carry_dotted_names_types_defaults_and_comments():
+    docs = {d.name: d for d in schema_fields(Outer)}
+    assert list(docs) == ["inner.depth", "inner.label", "rate", "names", "bare"]
+    assert (docs["inner.depth"].type, docs["inner.depth"].default, docs["inner.depth"].help) == (
+        "int",
+        3,
+        "how deep it goes",
+    )
+    assert docs["inner.label"].type == "str | None"
+    assert docs["inner.label"].help == "the comment above a field spans two lines"
+    assert docs["rate"].help == 'a rate, with a colon: and "quotes" # and a hash'
+    assert docs["names"].help == "from metadata" and docs["names"].default == ["a"]
+    assert docs["bare"].help == ""
+
+
+def test_every_train_config_field_appears_in_its_help_with_its_default():
+    text = render_help(TrainConfig)
+    lines = text.splitlines()
+    field_lines = {line.split()[0] for line in lines if not line.startswith("      ")}  # not the help lines
+    names = leaf_names(TrainConfig)
+    assert len(names) > 50
+    assert set(names) <= field_lines, set(names) - field_lines
+    d_model = next(line for line in lines if line.split()[0] == "model.d_model")
+    assert d_model.split() == ["model.d_model", "int", "=", "256"]
+    n_kv = lines.index(next(line for line in lines if line.split()[0] == "model.n_kv_head"))
+    assert "GQA" in lines[n_kv + 1]  # the comment written beside the field

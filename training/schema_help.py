@@ -1,0 +1,141 @@
+"""Help text generated from a dataclass schema: every field's dotted name, type, default and meaning.
+
+The meaning is the comment written beside the field in its class (`n_head: int = 4  # heads`), or
+the comment lines just above it, or `field(metadata={"help": ...})`. The class source is parsed
+with `ast` and `tokenize`, so the help is the schema itself and cannot drift from it. Nested
+dataclasses (TrainConfig.model, .data, ...) are walked, giving names like `model.d_model`.
+`OneLineParser` is the argparse parser the tools share, whose errors are one line.
+"""
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import sys
+import textwrap
+import tokenize
+import types
+import typing
+from dataclasses import MISSING, dataclass
+from functools import cache
+from typing import NoReturn
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    name: str  # dotted, e.g. "optim.lr"
+    type: str  # as written: "int | None"
+    default: object  # the default value (a factory's product); MISSING when there is none
+    help: str  # the field's comment or metadata help; "" when it has neither
+
+
+@cache
+def field_comments(cls: type) -> dict[str, str]:
+    """{field name: comment} for the fields a class body declares, its bases' included."""
+    comments: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # built in a REPL or generated: no source to read
+            continue
+        comments.update(class_body_comments(source))
+    return comments
+
+
+def class_body_comments(source: str) -> dict[str, str]:
+    """Comments of the annotated assignments directly in the first class of `source`."""
+    by_line: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            by_line[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+    comments = {}
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        beside = [by_line[n] for n in range(stmt.lineno, stmt.end_lineno + 1) if n in by_line]
+        above, n = [], stmt.lineno - 1
+        while n in by_line and lines[n - 1].lstrip().startswith("#"):  # a comment block just above
+            above.insert(0, by_line[n])
+            n -= 1
+        text = " ".join(beside or above)
+        if text:
+            comments[stmt.target.id] = text
+    return comments
+
+
+def type_name(tp: object) -> str:
+    """`int | None` rather than `typing.Optional[int]`."""
+    if tp is type(None):
+        return "None"
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(type_name(a) for a in typing.get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return str(tp).replace("typing.", "")
+
+
+def default_of(f: dataclasses.Field) -> object:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def schema_fields(cls: type, prefix: str = "") -> list[FieldDoc]:
+    """Every leaf field of a dataclass schema, nested dataclasses expanded, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    docs = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints.get(f.name, f.type)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            docs.extend(schema_fields(tp, f"{prefix}{f.name}."))
+            continue
+        meaning = f.metadata.get("help") or comments.get(f.name, "")
+        docs.append(FieldDoc(f"{prefix}{f.name}", type_name(tp), default_of(f), meaning))
+    return docs
+
+
+def show_default(value: object) -> str:
+    if value is MISSING:
+        return "(required)"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def render_help(cls: type, prefix: str = "", width: int = 100) -> str:
+    """A block of help lines: one `name  type  = default` line per field, its meaning beneath."""
+    docs = schema_fields(cls, prefix)
+    name_w = max(len(d.name) for d in docs)
+    type_w = max(len(d.type) for d in docs)
+    lines = []
+    for d in docs:
+        lines.append(f"  {d.name:<{name_w}}  {d.type:<{type_w}}  = {show_default(d.default)}")
+        if d.help:
+            lines.extend(textwrap.wrap(d.help, width, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one `error: ...` line on stderr (exit 2), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        sys.exit(2)
