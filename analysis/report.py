@@ -116,9 +116,9 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str]) -> str:
 
 
 def markdown_report(
-    root: Path, runs: list[Run], cells: list[Cell], reference: Cell | None, plots: dict[str, str]
+    root: Path, runs: list[Run], cells: list[Cell], reference: Cell | None, plots: dict[str, str], paper: str = ""
 ) -> str:
-    """The whole report; `plots` maps a caption to an image path relative to the report."""
+    """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section."""
     keys = list(cells[0].values) if cells else []
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
@@ -137,6 +137,7 @@ def markdown_report(
         "",
         *comparison_sentences(cells, reference),
         "",
+        *([paper] if paper else []),
         unfinished_table(runs, root, keys),
     ]
     for caption, path in plots.items():

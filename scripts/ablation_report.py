@@ -1,12 +1,13 @@
 """Turn a sweep directory into a Markdown report and PNG plots.
 
     python scripts/ablation_report.py multirun/ablate_heads_dk/2026-11-29_10-00-00 [--out DIR]
-        [--reference model.n_head=4]
+        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa]
 
 Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
 t-intervals and paired differences against the reference cell (default: the first row). Writes
 `ablation.md`, `val_loss_curves.png`, `val_loss_intervals.png` (and `val_loss_heatmap.png` when two
-keys are swept) to --out (default: the sweep directory). Runs that crashed, never started or whose
+keys are swept) to --out (default: the sweep directory); --paper adds the published results beside
+ours, with a verdict per claim. Runs that crashed, never started or whose
 records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, varying_keys
@@ -34,7 +36,9 @@ def parse_reference(text: str | None) -> dict[str, str] | None:
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None, reference: str | None = None) -> Path:
+def write_report(
+    sweep_dir: Path, out_dir: Path | None = None, reference: str | None = None, paper: str | None = None
+) -> Path:
     """Read every run under `sweep_dir`, write the report and plots to `out_dir`; returns the .md path."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir or sweep_dir)
@@ -47,6 +51,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, reference: str | 
     ref = choose_reference(cells, parse_reference(reference))
     for cell in cells:  # a cell whose seeds differ in size is a sweep this report cannot compare
         cell.info("params"), cell.info("flops_per_token")
+    published = paper_section(paper, cells) if paper else ""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {}
     if cells:
@@ -57,7 +62,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, reference: str | 
             ).name
         plots["validation loss curves"] = plot_val_curves(cells, runs, out_dir / "val_loss_curves.png").name
     report = out_dir / "ablation.md"
-    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots))
+    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published))
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report
@@ -68,10 +73,11 @@ def main() -> None:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
+    parser.add_argument("--paper", default=None, help=f"put a paper's results beside ours: {', '.join(PAPERS)}")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        write_report(args.sweep_dir, args.out, args.reference)
+        write_report(args.sweep_dir, args.out, args.reference, args.paper)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
 
