@@ -1,5 +1,5 @@
 """PNG plots of a sweep: validation-loss curves per cell, final loss per cell with its 95% interval,
-and a heatmap of final loss when exactly two keys are swept."""
+the paired differences from the reference cell, and a heatmap of final loss when two keys are swept."""
 
 import math
 from pathlib import Path
@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
-from analysis.stats import CONFIDENCE, t_interval
+from analysis.stats import CONFIDENCE, Interval, t_interval
 from analysis.sweep import CRASHED, Cell, Run, sort_key
 
 
@@ -81,4 +81,23 @@ def plot_loss_heatmap(cells: list[Cell], path: Path) -> Path:
     ax.set_ylabel(row_key)
     ax.set_title("Final validation loss (lower is better)")
     fig.colorbar(image, ax=ax, label="nats/token")
+    return save(fig, path)
+
+
+def plot_differences(cells: list[Cell], diffs: list[Interval | None], reference: Cell, path: Path) -> Path:
+    """Paired differences from the reference with their t-intervals: an interval off the 0 line is resolved."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cells) + 2), 4.2))
+    for x, diff in enumerate(diffs):
+        if diff is None or diff.n == 0:
+            continue
+        err = [[diff.mean - diff.low], [diff.high - diff.mean]] if diff.n > 1 else None
+        color = "tab:red" if diff.excludes_zero else "tab:grey"
+        ax.errorbar([x], [diff.mean], yerr=err, fmt="o", color=color, capsize=5, ms=6)
+    ax.axhline(0.0, color="black", lw=1)
+    ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
+    ax.set_ylabel("val loss − reference (nats), same seeds")
+    ax.set_title(
+        f"Paired difference from {reference.label()} ({CONFIDENCE:.0%} t-interval; red = resolved)", fontsize=9
+    )
+    ax.grid(alpha=0.3, axis="y")
     return save(fig, path)

@@ -5,10 +5,10 @@
 
 Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
 t-intervals and paired differences against the reference cell (default: the first row). Writes
-`ablation.md`, `val_loss_curves.png`, `val_loss_intervals.png` (and `val_loss_heatmap.png` when two
-keys are swept) to --out (default: the sweep directory); --paper adds the published results beside
-ours, with a verdict per claim. Runs that crashed, never started or whose
-records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
+`ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
+(and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory); --paper
+adds the published results beside ours, with a verdict per claim. Runs that crashed, never started or
+whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 """
 
 import argparse
@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from analysis.papers import PAPERS, paper_section
-from analysis.plots import plot_intervals, plot_loss_heatmap, plot_val_curves
-from analysis.report import choose_reference, markdown_report
+from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
+from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, varying_keys
 
 log = logging.getLogger("ablation_report")
@@ -56,6 +56,10 @@ def write_report(
     plots = {}
     if cells:
         plots["final validation loss per cell"] = plot_intervals(cells, out_dir / "val_loss_intervals.png").name
+        diffs = differences(cells, ref)
+        plots["paired difference from the reference"] = plot_differences(
+            cells, diffs, ref, out_dir / "val_loss_differences.png"
+        ).name
         if len(keys) == 2:
             plots[f"final validation loss over {' x '.join(keys)}"] = plot_loss_heatmap(
                 cells, out_dir / "val_loss_heatmap.png"

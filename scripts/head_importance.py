@@ -110,8 +110,10 @@ def plot_heatmaps(results: dict, path: Path) -> Path:
     for ax, (key, title) in zip(axes[0], PANELS.items(), strict=True):
         grid = np.array(results[key])
         image = ax.imshow(grid, cmap="magma" if key == "delta_loss" else "viridis", aspect="auto")
+        middle = (grid.min() + grid.max()) / 2  # both colour maps are bright at the top: dark text there
         for (i, j), value in np.ndenumerate(grid):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
+            color = "black" if value > middle else "white"
+            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=7, color=color)
         ax.set_xticks(range(H))
         ax.set_yticks(range(L))
         ax.set_xlabel("head")

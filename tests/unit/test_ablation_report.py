@@ -51,7 +51,7 @@ def test_an_lr_sweep_is_two_rows_named_by_the_swept_key(tmp_path):
     assert rows[0].startswith("| 0.001 | 8 | 1.00k | 6.00k | 128 | 20 | 100 | 2.5000 [1.2579, 3.7421] | reference |")
     assert "| -0.3100 [-0.3348, -0.2852] |" in rows[1]
     assert "- optim.lr=0.01 vs optim.lr=0.001: val loss -0.3100 nats, resolved: lower by 0.3100 nats" in report
-    for name in ("val_loss_intervals.png", "val_loss_curves.png"):
+    for name in ("val_loss_intervals.png", "val_loss_differences.png", "val_loss_curves.png"):
         assert (tmp_path / "out" / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
 
 
