@@ -199,4 +199,13 @@ def group_cells(runs: list[Run], keys: list[str]) -> list[Cell]:
     for run in runs:
         if run.status == COMPLETED:
             groups.setdefault(tuple(run.config.get(k) for k in keys), []).append(run)
-    return [Cell(dict(zip(keys, v, strict=True)), groups[v]) for v in sorted(groups, key=sort_key)]
+    cells = [Cell(dict(zip(keys, v, strict=True)), groups[v]) for v in sorted(groups, key=sort_key)]
+    for cell in cells:  # two runs of one cell and seed (a rerun left in the sweep) would count once
+        seen: dict[Any, Path] = {}
+        for run in cell.runs:
+            if run.seed in seen:
+                raise ValueError(
+                    f"{seen[run.seed]} and {run.path} are both {cell.label()} with seed {run.seed}; keep one of them"
+                )
+            seen[run.seed] = run.path
+    return cells

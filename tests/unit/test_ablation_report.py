@@ -120,3 +120,10 @@ def test_a_summary_without_val_loss_takes_the_last_logged_evaluation(tmp_path):
     assert runs["lost"].status == NO_VAL_LOSS
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "| 0, 1, 2, 3 |" in report and f"| lost | 0.01 | 4 | {NO_VAL_LOSS} |" in report
+
+
+def test_two_runs_of_one_cell_and_seed_are_refused(tmp_path):
+    write_fake_run(tmp_path / "a", config(0, "a"), 1.4)
+    write_fake_run(tmp_path / "rerun", config(0, "b"), 1.5)
+    with pytest.raises(ValueError, match=r"/a and .*/rerun are both all runs with seed 0; keep one of them"):
+        write_report(tmp_path, tmp_path / "out")
