@@ -46,7 +46,7 @@ def head_gates(model: GPT, gates: Tensor) -> Iterator[Tensor]:
         def gate_input(module, args, layer=layer):
             (y,) = args  # (B, T, H * d_k), heads concatenated
             B, T, _ = y.shape
-            g = gates[layer].to(y.dtype).view(1, 1, c.n_head, 1)
+            g = gates[layer].to(device=y.device, dtype=y.dtype).view(1, 1, c.n_head, 1)
             return ((y.view(B, T, c.n_head, -1) * g).view(B, T, -1),)
 
         handles.append(block.attn.out_proj.register_forward_pre_hook(gate_input))

@@ -1,4 +1,5 @@
-"""PNG plots of a sweep: validation-loss curves per configuration and a heatmap of final loss."""
+"""PNG plots of a sweep: validation-loss curves per cell, final loss per cell with its 95% interval,
+the paired differences from the reference cell, and a heatmap of final loss when two keys are swept."""
 
 import math
 from pathlib import Path
@@ -8,41 +9,64 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
-from analysis.sweep import CRASHED, Row, Run, mean_std
+from analysis.stats import CONFIDENCE, Interval, t_interval
+from analysis.sweep import CRASHED, Cell, Run, sort_key
 
 
-def plot_val_curves(rows: list[Row], runs: list[Run], path: Path) -> Path:
-    """One colour per (n_head, d_k), one line per seed; crashed runs' partial curves dashed."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.cm.viridis([i / max(1, len(rows) - 1) for i in range(len(rows))])
-    for color, row in zip(colors, rows, strict=True):
-        for i, run in enumerate(row.runs):
-            steps, losses = zip(*run.val_curve, strict=True) if run.val_curve else ((), ())
-            label = f"n_head={row.n_head}, d_k={row.d_k}" if i == 0 else None
-            ax.plot(steps, losses, color=color, lw=1.2, alpha=0.9, label=label, marker=".")
-    for run in runs:
-        if run.status == CRASHED and run.val_curve:
-            steps, losses = zip(*run.val_curve, strict=True)
-            ax.plot(steps, losses, color="red", ls="--", lw=1, label=f"crashed: n_head={run.n_head}, d_k={run.d_k}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("Validation loss per configuration")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def plot_loss_heatmap(rows: list[Row], path: Path) -> Path:
-    """Final validation loss (mean over seeds) over n_head (rows) x d_k (columns); blank = no result."""
-    heads = sorted({r.n_head for r in rows})
-    dks = sorted({r.d_k for r in rows})
-    grid = [[math.nan] * len(dks) for _ in heads]
-    for r in rows:
-        grid[heads.index(r.n_head)][dks.index(r.d_k)] = mean_std(r.val_loss)[0]
-    fig, ax = plt.subplots(figsize=(1.4 * len(dks) + 2.5, 1.0 * len(heads) + 1.8))
+def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
+    """One colour per cell, one line per seed; crashed runs' partial curves dashed red."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.cm.viridis([i / max(1, len(cells) - 1) for i in range(len(cells))])
+    for color, cell in zip(colors, cells, strict=True):
+        for i, run in enumerate(cell.runs):
+            steps, losses = zip(*run.val_curve, strict=True) if run.val_curve else ((), ())
+            ax.plot(steps, losses, color=color, lw=1.2, alpha=0.9, label=cell.label() if i == 0 else None, marker=".")
+    for run in runs:
+        if run.status == CRASHED and run.val_curve:
+            steps, losses = zip(*run.val_curve, strict=True)
+            ax.plot(steps, losses, color="red", ls="--", lw=1, label=f"crashed: {run.path.name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("Validation loss per configuration")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
+
+
+def plot_intervals(cells: list[Cell], path: Path, metric: str = "val/loss") -> Path:
+    """Final `metric` per cell: each seed a dot, the mean a bar with its t-interval as error bar."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cells) + 2), 4.2))
+    for x, cell in enumerate(cells):
+        values = list(cell.metric(metric).values())
+        ci = t_interval(values)
+        err = [[ci.mean - ci.low], [ci.high - ci.mean]] if ci.n > 1 else None
+        ax.errorbar([x], [ci.mean], yerr=err, fmt="o", color="black", capsize=5, ms=6)
+        ax.scatter([x + 0.12] * len(values), values, color="tab:blue", s=12, alpha=0.7)
+    ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
+    ax.set_ylabel(f"final {metric}")
+    ax.set_title(f"Final {metric}: mean with {CONFIDENCE:.0%} t-interval (dots: seeds)")
+    ax.grid(alpha=0.3, axis="y")
+    return save(fig, path)
+
+
+def plot_loss_heatmap(cells: list[Cell], path: Path) -> Path:
+    """Mean final validation loss over the two swept keys (rows x columns); blank = no result."""
+    (row_key, col_key) = list(cells[0].values)
+    rows = sorted({c.values[row_key] for c in cells}, key=lambda v: sort_key((v,)))
+    cols = sorted({c.values[col_key] for c in cells}, key=lambda v: sort_key((v,)))
+    grid = [[math.nan] * len(cols) for _ in rows]
+    for c in cells:
+        grid[rows.index(c.values[row_key])][cols.index(c.values[col_key])] = t_interval(
+            list(c.metric("val/loss").values())
+        ).mean
+    fig, ax = plt.subplots(figsize=(1.4 * len(cols) + 2.5, 1.0 * len(rows) + 1.8))
     image = ax.imshow(grid, cmap="viridis_r", aspect="auto")
     finite = [v for line in grid for v in line if not math.isnan(v)]
     middle = (min(finite) + max(finite)) / 2 if finite else 0.0
@@ -51,13 +75,29 @@ def plot_loss_heatmap(rows: list[Row], path: Path) -> Path:
             text = "n/a" if math.isnan(value) else f"{value:.3f}"
             color = "white" if not math.isnan(value) and value > middle else "black"
             ax.text(j, i, text, ha="center", va="center", color=color, fontsize=9)
-    ax.set_xticks(range(len(dks)), [str(d) for d in dks])
-    ax.set_yticks(range(len(heads)), [str(h) for h in heads])
-    ax.set_xlabel("d_k (per-head dimension)")
-    ax.set_ylabel("n_head")
+    ax.set_xticks(range(len(cols)), [str(v) for v in cols])
+    ax.set_yticks(range(len(rows)), [str(v) for v in rows])
+    ax.set_xlabel(col_key)
+    ax.set_ylabel(row_key)
     ax.set_title("Final validation loss (lower is better)")
     fig.colorbar(image, ax=ax, label="nats/token")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
+
+
+def plot_differences(cells: list[Cell], diffs: list[Interval | None], reference: Cell, path: Path) -> Path:
+    """Paired differences from the reference with their t-intervals: an interval off the 0 line is resolved."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cells) + 2), 4.2))
+    for x, diff in enumerate(diffs):
+        if diff is None or diff.n == 0:
+            continue
+        err = [[diff.mean - diff.low], [diff.high - diff.mean]] if diff.n > 1 else None
+        color = "tab:red" if diff.excludes_zero else "tab:grey"
+        ax.errorbar([x], [diff.mean], yerr=err, fmt="o", color=color, capsize=5, ms=6)
+    ax.axhline(0.0, color="black", lw=1)
+    ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
+    ax.set_ylabel("val loss − reference (nats), same seeds")
+    ax.set_title(
+        f"Paired difference from {reference.label()} ({CONFIDENCE:.0%} t-interval; red = resolved)", fontsize=9
+    )
+    ax.grid(alpha=0.3, axis="y")
+    return save(fig, path)

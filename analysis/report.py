@@ -1,77 +1,144 @@
-"""The ablation table in Markdown: one row per (n_head, d_k), mean ± std over seeds, then every
-run that did not finish."""
+"""The ablation report in Markdown: one row per cell (the values of every swept key), the mean and 95%
+t-interval over seeds, the paired difference against a reference cell, a sentence per comparison,
+then every run that did not finish."""
 
 from pathlib import Path
+from typing import Any
 
-from analysis.sweep import COMPLETED, Row, Run, mean_std
+from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
+from analysis.sweep import COMPLETED, Cell, Run
+
+KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
 
-def fmt_mean_std(values: list[float], digits: int) -> str:
-    mean, std = mean_std(values)
-    if not values:
+def fmt_count(n: float | None) -> str:
+    if n is None:
         return "—"
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def fmt_count(n: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
 
 
-def fmt_steps(steps: list[int]) -> str:
-    return str(steps[0]) if len(set(steps)) == 1 else f"{min(steps)}–{max(steps)}"
+def fmt_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text.replace("|", "\\|")
 
 
-def table(rows: list[Row]) -> str:
-    lines = [
-        "| n_head | d_k | n_head·d_k | params | FLOPs/token | steps | tokens/s | val loss (nats) | val bits/byte "
-        "| seeds |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        tok_s = fmt_count(sum(r.tokens_per_s) / len(r.tokens_per_s)) if r.tokens_per_s else "—"
-        lines.append(
-            f"| {r.n_head} | {r.d_k} | {r.n_head * r.d_k} | {fmt_count(r.params)} | {fmt_count(r.flops_per_token)} "
-            f"| {fmt_steps(r.steps)} | {tok_s} | {fmt_mean_std(r.val_loss, 4)} | {fmt_mean_std(r.val_bpb, 4)} "
-            f"| {len(r.runs)} |"
-        )
+def kv_cache_bytes_per_token(n_layer: int, n_kv_head: int, d_k: int, bytes_per_value: int = KV_BYTES_PER_VALUE) -> int:
+    """A key and a value vector per KV head per layer: 2 * n_layer * n_kv_head * d_k * bytes."""
+    return 2 * n_layer * n_kv_head * d_k * bytes_per_value
+
+
+def cell_kv_bytes(cell: Cell) -> int:
+    run = cell.runs[0]
+    n_kv_head = run.config.get("model.n_kv_head") or cell.info("n_head")
+    return kv_cache_bytes_per_token(cell.info("n_layer"), n_kv_head, cell.info("d_k"))
+
+
+def matches(value: Any, text: str) -> bool:
+    """A cell's value equals a command-line value: 1e-3 matches 0.001, 'null' matches None."""
+    if value is None:
+        return text in ("null", "None")
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return str(value) == text
+
+
+def choose_reference(cells: list[Cell], spec: dict[str, str] | None) -> Cell | None:
+    """The cell every other is compared with: the one matching `spec` ({key: value}), else the first."""
+    if not cells:
+        return None
+    if not spec:
+        return cells[0]
+    keys = set(cells[0].values)
+    unknown = sorted(set(spec) - keys)
+    if unknown:
+        raise ValueError(f"--reference key(s) {unknown} are not swept; swept keys: {', '.join(sorted(keys)) or 'none'}")
+    found = [c for c in cells if all(matches(c.values[k], v) for k, v in spec.items())]
+    if len(found) != 1:
+        wanted = ", ".join(f"{k}={v}" for k, v in spec.items())
+        raise ValueError(f"--reference {wanted} matches {len(found)} cells; it must match exactly one")
+    return found[0]
+
+
+def differences(cells: list[Cell], reference: Cell | None, metric: str = "val/loss") -> list[Interval | None]:
+    """Paired (same-seed) difference of each cell against the reference; None for the reference itself."""
+    ref = reference.metric(metric) if reference else {}
+    return [None if c is reference else paired_difference(c.metric(metric), ref) for c in cells]
+
+
+def table(cells: list[Cell], reference: Cell | None) -> str:
+    keys = list(cells[0].values) if cells else []
+    head = [*keys, "d_k", "params", "FLOPs/token", "KV bytes/token", "steps", "tokens/s"]
+    head += ["val loss (nats)", "Δ loss vs reference", "val bits/byte", "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for cell, diff in zip(cells, differences(cells, reference), strict=True):
+        steps = sorted({r.summary.get("step") for r in cell.runs}, key=str)
+        speeds = [r.summary["tokens_per_s"] for r in cell.runs if r.summary.get("tokens_per_s")]
+        row = [fmt_value(v) for v in cell.values.values()]
+        row += [fmt_value(cell.info("d_k")), fmt_count(cell.info("params")), fmt_count(cell.info("flops_per_token"))]
+        row += [fmt_count(cell_kv_bytes(cell)), "/".join(map(str, steps))]
+        row += [fmt_count(sum(speeds) / len(speeds)) if speeds else "—"]
+        row += [fmt_interval(t_interval(list(cell.metric("val/loss").values())))]
+        row += ["reference" if diff is None else fmt_interval(diff, signed=True)]
+        row += [fmt_interval(t_interval(list(cell.metric("val/bpb").values())))]
+        row += [", ".join(str(s) for s in sorted(cell.metric("val/loss"), key=str))]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def unfinished_table(runs: list[Run], root: Path) -> str:
+def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]:
+    """One line per cell: its paired difference from the reference in words."""
+    out = []
+    for cell, diff in zip(cells, differences(cells, reference), strict=True):
+        if diff is not None:
+            out.append(f"- {cell.label()} vs {reference.label()}: val loss {diff.mean:+.4f} nats, {verdict(diff)}.")
+    return out
+
+
+def unfinished_table(runs: list[Run], root: Path, keys: list[str]) -> str:
     bad = [r for r in runs if r.status != COMPLETED]
     if not bad:
         return f"All {len(runs)} runs completed."
     lines = [
         f"{len(bad)} of {len(runs)} runs did not complete (not in the table above):",
         "",
-        "| run | n_head | d_k | seed | status | last logged step | error |",
-        "|---|---:|---:|---:|---|---:|---|",
+        "| run | " + " | ".join([*keys, "seed"]) + " | status | last logged step | error |",
+        "|---|" + "---:|" * (len(keys) + 1) + "---|---:|---|",
     ]
     for r in bad:
-        error = (r.error or "—").replace("|", "\\|")
+        values = " | ".join(fmt_value(r.config.get(k)) for k in [*keys, "seed"])
         last = "—" if r.last_step is None else r.last_step
-        lines.append(
-            f"| {r.path.relative_to(root)} | {r.n_head} | {r.d_k} | {r.seed} | {r.status} | {last} | {error} |"
-        )
+        lines.append(f"| {r.path.relative_to(root)} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
     return "\n".join(lines)
 
 
-def markdown_report(root: Path, runs: list[Run], rows: list[Row], plots: dict[str, str]) -> str:
-    """The whole report; `plots` maps a caption to an image path relative to the report."""
-    modes = sorted({r.info["fairness"] for r in runs if r.info})
+def markdown_report(
+    root: Path, runs: list[Run], cells: list[Cell], reference: Cell | None, plots: dict[str, str], paper: str = ""
+) -> str:
+    """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section."""
+    keys = list(cells[0].values) if cells else []
+    modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
+    pct = f"{CONFIDENCE:.0%}"
     parts = [
-        f"# Ablation over n_head x d_k: {root.name}",
+        f"# Ablation: {root.name}",
         "",
-        f"Fairness: {', '.join(modes) or 'unknown'} (see training/fairness.py). Loss and bits/byte are the "
-        "final validation values, mean ± sample std over seeds; tokens/s is the median over logging "
-        "intervals of each run, averaged over seeds; FLOPs/token count matmuls, forward + backward.",
+        f"Swept keys (every config value that differs across the runs): {', '.join(keys) or 'none'}. "
+        f"Each row aggregates over seeds only. Fairness: {', '.join(modes) or 'unknown'} (training/fairness.py).",
         "",
-        table(rows),
+        f"Loss and bits/byte are final validation values: mean [{pct} t-interval over seeds]. "
+        f"Δ is the paired difference against the reference ({reference.label() if reference else '—'}) over "
+        "the seeds both share (same seed, same data order), with its t-interval. KV bytes/token = "
+        f"2 · n_layer · n_kv_head · d_k · {KV_BYTES_PER_VALUE} (bf16). FLOPs/token count matmuls, fwd + bwd.",
         "",
-        unfinished_table(runs, root),
+        table(cells, reference) if cells else "No run completed.",
+        "",
+        *comparison_sentences(cells, reference),
+        "",
+        *([paper] if paper else []),
+        unfinished_table(runs, root, keys),
     ]
     for caption, path in plots.items():
         parts += ["", f"![{caption}]({path})"]

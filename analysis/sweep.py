@@ -1,14 +1,15 @@
-"""Read a sweep directory (Hydra multirun) into runs, and aggregate them over seeds.
+"""Read a sweep directory (Hydra multirun) into runs, and group them into cells that differ only by seed.
 
 Each run directory holds `run_info.json` (written when training starts), `summary.json` (when it
 ends) and `metrics.jsonl`; Hydra adds `.hydra/` and `train.log`. A run that has no summary is
-reported as crashed (or still running), one that never wrote run_info as failed at start-up, so
-no run silently drops out of a table.
+reported as crashed (or still running), one that never wrote run_info as failed at start-up, one
+whose records are cut short as unreadable, so no run silently drops out of a table.
+
+The cells are keyed by every config value that differs across the runs (derived from the configs,
+not listed by hand), so a sweep over any key, not only n_head and d_k, gets one row per value.
 """
 
 import json
-import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,45 +19,91 @@ from omegaconf import OmegaConf
 from training.loggers import RUN_INFO, SUMMARY
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
+UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
+
+# Keys that never make two runs different experiments: the seed is what a cell aggregates over; the
+# rest say where a run writes or how it logs. A prefix ending in "." covers a whole group.
+NOT_COMPARED = ("seed", "out_dir", "resume", "overwrite", "progress", "logger.", "data.cache_dir")
+# fairness.mode iso_flop / iso_time replace max_steps with a value derived from the budget (and for
+# iso_time from a measured step time, which differs run to run): an outcome, not a setting.
+DERIVED_MAX_STEPS = ("iso_flop", "iso_time")
 
 
 @dataclass
 class Run:
     path: Path
     status: str
-    n_head: int | None
-    d_k: int | None
+    config: dict[str, Any]  # flattened: {"model.n_head": 4, ...}; from .hydra/ when run_info is missing
     seed: int | None
     info: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     val_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, val/loss)
     last_step: int | None = None
     error: str | None = None
+    logged_final: dict[str, float] = field(default_factory=dict)  # every value logged at the summary's step
+
+    def final(self, metric: str) -> float | None:
+        """A completed run's final `metric`: from summary.json, else the last logged value at its last step."""
+        if self.summary and self.summary.get(metric) is not None:
+            return self.summary[metric]
+        return self.logged_final.get(metric)
 
 
 @dataclass
-class Row:
-    """One (n_head, d_k) configuration over its completed seeds."""
+class Cell:
+    """One configuration (the values of the swept keys) over its completed seeds."""
 
-    n_head: int
-    d_k: int
-    params: int
-    flops_per_token: int
-    steps: list[int]
-    tokens_per_s: list[float]
-    val_loss: list[float]
-    val_bpb: list[float]
+    values: dict[str, Any]
     runs: list[Run]
+
+    def metric(self, name: str) -> dict[int, float]:
+        """{seed: final value}, for paired comparisons across cells."""
+        return {r.seed: r.final(name) for r in self.runs if r.final(name) is not None}
+
+    def info(self, key: str) -> Any:
+        """A run_info value the seeds share (size, shape); ValueError if they do not share it."""
+        found = {json.dumps(r.info.get(key)) for r in self.runs}
+        if len(found) > 1:
+            raise ValueError(f"runs of {self.label()} differ in {key} {sorted(found)}; a cell differs only in seed")
+        return self.runs[0].info.get(key)
+
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "all runs"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"n_head": 4}} -> {"model.n_head": 4}; lists become tuples so values can be compared."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def read_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, None if absent; JSONDecodeError if cut short, ValueError if not an object."""
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text(errors="replace"))
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}; a run record must be a JSON object")
+    return value
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl up to a line cut short by a crash; ValueError for a non-object line."""
     records = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a crash
                 break
+            if not isinstance(record, dict):
+                raise ValueError(f"{path} line {number} is {line.strip()[:40]!r}; each line must be a JSON object")
+            records.append(record)
     return records
 
 
@@ -72,49 +119,51 @@ def last_error(log_path: Path) -> str | None:
     return None
 
 
-def hydra_job_values(run_dir: Path) -> dict[str, Any]:
-    """n_head, d_k and seed of a Hydra job from its saved config, for runs that never started."""
+def hydra_config(run_dir: Path) -> dict[str, Any]:
+    """The flattened config Hydra saved for a job, for runs that never wrote run_info.json."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return {}
-    cfg = OmegaConf.load(path)
-    return {
-        "n_head": OmegaConf.select(cfg, "model.n_head"),
-        "d_k": OmegaConf.select(cfg, "model.d_k"),
-        "seed": OmegaConf.select(cfg, "seed"),
-    }
+    tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return flatten(tree) if isinstance(tree, dict) else {}
+
+
+def run_status(info: dict | None, summary: dict | None, final_loss: float | None) -> str:
+    if summary is not None and summary.get("status") == COMPLETED:
+        return COMPLETED if final_loss is not None else NO_VAL_LOSS
+    return CRASHED if info is not None else FAILED_AT_START
 
 
 def read_run(run_dir: Path) -> Run:
-    info_path, summary_path = run_dir / RUN_INFO, run_dir / SUMMARY
-    info = json.loads(info_path.read_text()) if info_path.is_file() else None
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    """One run directory; a record cut short makes an UNREADABLE run (listed, not an error)."""
     records = read_jsonl(run_dir / "metrics.jsonl")
-    curve = [(r["step"], r["val/loss"]) for r in records if "val/loss" in r]
-    values = info if info is not None else hydra_job_values(run_dir)
-    if summary is not None and summary.get("status") == COMPLETED:
-        status = COMPLETED
-    elif info is not None:
-        status = CRASHED
-    else:
-        status = FAILED_AT_START
-    return Run(
-        path=run_dir,
-        status=status,
-        n_head=values.get("n_head"),
-        d_k=values.get("d_k"),
-        seed=values.get("seed"),
-        info=info,
-        summary=summary,
-        val_curve=curve,
-        last_step=records[-1]["step"] if records else None,
-        error=None if status == COMPLETED else last_error(run_dir / "train.log"),
-    )
+    objects, broken = {}, []
+    for name in (RUN_INFO, SUMMARY):
+        try:
+            objects[name] = read_object(run_dir / name)
+        except json.JSONDecodeError as e:
+            objects[name] = None
+            broken.append(f"{name} is not valid JSON ({e.msg} at char {e.pos})")
+    info, summary = objects[RUN_INFO], objects[SUMMARY]
+    config = flatten(info["config"]) if info and isinstance(info.get("config"), dict) else hydra_config(run_dir)
+    curve = [(r.get("step"), r["val/loss"]) for r in records if "val/loss" in r]
+    last_step = records[-1].get("step") if records else None
+    # A summary rewritten without final metrics (a finished run resumed): its last logged evaluation
+    # stands in, if it was logged at the step the summary ends at.
+    logged = {k: v for r in records if r.get("step") == (summary or {}).get("step") for k, v in r.items()}
+    run = Run(run_dir, "", config, config.get("seed"), info, summary, curve, last_step, logged_final=logged)
+    run.status = UNREADABLE if broken else run_status(info, summary, run.final("val/loss"))
+    run.error = "; ".join(broken) if broken else None
+    if run.status not in (COMPLETED, UNREADABLE):
+        run.error = last_error(run_dir / "train.log")
+    return run
 
 
 def find_runs(sweep_dir: str | Path) -> list[Run]:
     """Every run under `sweep_dir`: directories with run_info.json or a Hydra job's .hydra/."""
     root = Path(sweep_dir)
+    if root.exists() and not root.is_dir():
+        raise FileNotFoundError(f"{str(root)!r} is a file; give a sweep directory (a Hydra multirun folder)")
     if not root.is_dir():
         raise FileNotFoundError(f"sweep directory {str(root)!r} does not exist")
     dirs = {p.parent for p in root.rglob(RUN_INFO)} | {p.parent.parent for p in root.rglob(".hydra/config.yaml")}
@@ -123,39 +172,40 @@ def find_runs(sweep_dir: str | Path) -> list[Run]:
     return [read_run(d) for d in sorted(dirs)]
 
 
-def aggregate(runs: list[Run]) -> list[Row]:
-    """Completed runs grouped by (n_head, d_k), sorted; a group must differ only in its seeds."""
-    groups: dict[tuple[int, int], list[Run]] = {}
+def compared(key: str, config: dict[str, Any]) -> bool:
+    if key == "max_steps" and config.get("fairness.mode") in DERIVED_MAX_STEPS:
+        return False
+    return not any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_COMPARED)
+
+
+def varying_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values differ across the runs that started (run_info.json), sorted."""
+    configs = [r.config for r in runs if r.info is not None]
+    keys = sorted({k for c in configs for k in c})
+    seen = {k: {json.dumps(c.get(k), sort_keys=True, default=str) for c in configs} for k in keys}
+    return [k for k in keys if len(seen[k]) > 1 and all(compared(k, c) for c in configs)]
+
+
+def sort_key(values: tuple) -> tuple:
+    """Numbers in numeric order, None first, anything else by its text: mixed types never compare."""
+    return tuple(
+        (0, 0, "") if v is None else (1, v, "") if isinstance(v, int | float) else (2, 0, str(v)) for v in values
+    )
+
+
+def group_cells(runs: list[Run], keys: list[str]) -> list[Cell]:
+    """Completed runs grouped by the values of `keys`, in sorted order; the seeds are a cell's members."""
+    groups: dict[tuple, list[Run]] = {}
     for run in runs:
         if run.status == COMPLETED:
-            groups.setdefault((run.n_head, run.d_k), []).append(run)
-    rows = []
-    for (n_head, d_k), members in sorted(groups.items()):
-        sizes = {(r.info["params"], r.info["flops_per_token"]) for r in members}
-        if len(sizes) > 1:
-            raise ValueError(
-                f"runs with n_head={n_head}, d_k={d_k} differ in size {sorted(sizes)}; "
-                "a sweep report compares configurations that differ only in n_head, d_k and seed"
-            )
-        ((params, flops),) = sizes
-        rows.append(
-            Row(
-                n_head=n_head,
-                d_k=d_k,
-                params=params,
-                flops_per_token=flops,
-                steps=[r.summary["step"] for r in members],
-                tokens_per_s=[r.summary["tokens_per_s"] for r in members if r.summary.get("tokens_per_s")],
-                val_loss=[r.summary["val/loss"] for r in members],
-                val_bpb=[r.summary["val/bpb"] for r in members],
-                runs=members,
-            )
-        )
-    return rows
-
-
-def mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None for a single value)."""
-    if not values:
-        return math.nan, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+            groups.setdefault(tuple(run.config.get(k) for k in keys), []).append(run)
+    cells = [Cell(dict(zip(keys, v, strict=True)), groups[v]) for v in sorted(groups, key=sort_key)]
+    for cell in cells:  # two runs of one cell and seed (a rerun left in the sweep) would count once
+        seen: dict[Any, Path] = {}
+        for run in cell.runs:
+            if run.seed in seen:
+                raise ValueError(
+                    f"{seen[run.seed]} and {run.path} are both {cell.label()} with seed {run.seed}; keep one of them"
+                )
+            seen[run.seed] = run.path
+    return cells

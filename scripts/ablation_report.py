@@ -1,9 +1,14 @@
-"""Turn a sweep directory into a Markdown table and PNG plots.
+"""Turn a sweep directory into a Markdown report and PNG plots.
 
     python scripts/ablation_report.py multirun/ablate_heads_dk/2026-11-29_10-00-00 [--out DIR]
+        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa]
 
-Writes `ablation.md`, `val_loss_curves.png` and `val_loss_heatmap.png` to --out (default: the
-sweep directory). Runs that crashed or never started are listed in the report, not dropped.
+Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
+t-intervals and paired differences against the reference cell (default: the first row). Writes
+`ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
+(and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory); --paper
+adds the published results beside ours, with a verdict per claim. Runs that crashed, never started or
+whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 """
 
 import argparse
@@ -13,30 +18,57 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.plots import plot_loss_heatmap, plot_val_curves
-from analysis.report import markdown_report
-from analysis.sweep import COMPLETED, aggregate, find_runs
+from analysis.papers import PAPERS, paper_section
+from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
+from analysis.report import choose_reference, differences, markdown_report
+from analysis.sweep import COMPLETED, find_runs, group_cells, varying_keys
 
 log = logging.getLogger("ablation_report")
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
+def parse_reference(text: str | None) -> dict[str, str] | None:
+    """'model.n_head=4,optim.lr=1e-3' -> {'model.n_head': '4', 'optim.lr': '1e-3'}."""
+    if not text:
+        return None
+    pairs = [p.partition("=") for p in text.split(",")]
+    if any(not k or not sep or not v for k, sep, v in pairs):
+        raise ValueError(f"--reference {text!r} is invalid; give KEY=VALUE[,KEY=VALUE...], e.g. model.n_head=4")
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def write_report(
+    sweep_dir: Path, out_dir: Path | None = None, reference: str | None = None, paper: str | None = None
+) -> Path:
     """Read every run under `sweep_dir`, write the report and plots to `out_dir`; returns the .md path."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir or sweep_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Everything is read and checked before the first file is written.
     runs = find_runs(sweep_dir)
-    rows = aggregate(runs)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileNotFoundError(f"--out {str(out_dir)!r} is a file; give a directory")
+    keys = varying_keys(runs)
+    cells = group_cells(runs, keys)
+    ref = choose_reference(cells, parse_reference(reference))
+    for cell in cells:  # a cell whose seeds differ in size is a sweep this report cannot compare
+        cell.info("params"), cell.info("flops_per_token")
+    published = paper_section(paper, cells) if paper else ""
+    out_dir.mkdir(parents=True, exist_ok=True)
     plots = {}
-    if rows:
-        plot_val_curves(rows, runs, out_dir / "val_loss_curves.png")
-        plot_loss_heatmap(rows, out_dir / "val_loss_heatmap.png")
-        plots = {"final validation loss over n_head x d_k": "val_loss_heatmap.png"}
-        plots["validation loss curves"] = "val_loss_curves.png"
+    if cells:
+        plots["final validation loss per cell"] = plot_intervals(cells, out_dir / "val_loss_intervals.png").name
+        diffs = differences(cells, ref)
+        plots["paired difference from the reference"] = plot_differences(
+            cells, diffs, ref, out_dir / "val_loss_differences.png"
+        ).name
+        if len(keys) == 2:
+            plots[f"final validation loss over {' x '.join(keys)}"] = plot_loss_heatmap(
+                cells, out_dir / "val_loss_heatmap.png"
+            ).name
+        plots["validation loss curves"] = plot_val_curves(cells, runs, out_dir / "val_loss_curves.png").name
     report = out_dir / "ablation.md"
-    report.write_text(markdown_report(sweep_dir, runs, rows, plots))
+    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published))
     done = sum(r.status == COMPLETED for r in runs)
-    log.info("%d runs (%d completed) -> %s", len(runs), done, report)
+    log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report
 
 
@@ -44,10 +76,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
+    parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
+    parser.add_argument("--paper", default=None, help=f"put a paper's results beside ours: {', '.join(PAPERS)}")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        write_report(args.sweep_dir, args.out)
+        write_report(args.sweep_dir, args.out, args.reference, args.paper)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
 

@@ -86,3 +86,21 @@ def tiny_trainer(tmp_path: Path, *overrides: str):
     data = prepare(cfg.data, progress=False)
     cfg.model.vocab_size = data.vocab_size
     return Trainer(cfg, data, torch.device("cpu"))
+
+
+def write_fake_run(directory: Path, config: dict, loss: float | None, params: int = 1000, **info) -> Path:
+    """A run directory as the trainer leaves it (run_info, metrics, summary), without training: `config`
+    is the nested resolved config (its "seed" is the run's seed); loss None = crashed after one eval."""
+    import json
+
+    directory.mkdir(parents=True)
+    model = config.get("model", {})
+    record = {"n_head": model.get("n_head", 2), "d_k": model.get("d_k", 8), "d_model": 32, "n_layer": 2,
+              "params": params, "flops_per_token": 6000, "seed": config.get("seed"), "fairness": "fixed_d_model",
+              "config": config, **info}  # fmt: skip
+    (directory / "run_info.json").write_text(json.dumps(record))
+    (directory / "metrics.jsonl").write_text(json.dumps({"step": 10, "val/loss": 3.0}) + "\n")
+    if loss is not None:
+        summary = {"status": "completed", "step": 20, "tokens_per_s": 100.0, "val/loss": loss, "val/bpb": loss / 2}
+        (directory / "summary.json").write_text(json.dumps(summary))
+    return directory

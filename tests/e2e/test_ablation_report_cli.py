@@ -1,0 +1,76 @@
+"""scripts/ablation_report.py on bad input: one `error:` line on stderr, exit 1, nothing written; and
+on runs whose records are cut short or lack a final loss: those runs listed, the report written."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli, write_fake_run
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"" for p in sorted(root.rglob("*"))}
+
+
+def sweep_of_two(root: Path) -> Path:
+    for seed in (0, 1):
+        write_fake_run(root / "sweep" / f"s{seed}", {"seed": seed, "model": {"n_head": 2}}, 1.5 + seed / 10)
+    return root / "sweep"
+
+
+def metrics_line_5(root: Path) -> list[str]:
+    sweep = sweep_of_two(root)
+    (sweep / "s1" / "metrics.jsonl").write_text('{"step": 10, "val/loss": 3.0}\n5\n')
+    return [str(sweep)]
+
+
+def run_info_list(root: Path) -> list[str]:
+    sweep = sweep_of_two(root)
+    (sweep / "s0" / "run_info.json").write_text("[]")
+    return [str(sweep)]
+
+
+def a_regular_file(root: Path) -> list[str]:
+    (root / "notes.txt").write_text("not a sweep\n")
+    return [str(root / "notes.txt")]
+
+
+BAD = {
+    "a regular file": (a_regular_file, r"notes.txt' is a file; give a sweep directory"),
+    "a missing path": (
+        lambda root: [str(root / "missing" / "sweep")],
+        r"sweep directory .*missing/sweep' does not exist",
+    ),
+    "a metrics line 5": (metrics_line_5, r"s1/metrics.jsonl line 2 is '5'; each line must be a JSON object"),
+    "a run_info.json of []": (run_info_list, r"s0/run_info.json holds a JSON list; a run record must be a JSON object"),
+    "a bad --reference": (lambda root: [str(sweep_of_two(root)), "--reference", "n_head"], r"--reference 'n_head'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, case):
+    make, message = BAD[case]
+    args = make(tmp_path)
+    before = snapshot(tmp_path)
+    done = run_cli(["scripts/ablation_report.py", *args])
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert snapshot(tmp_path) == before  # nothing created, nothing changed (the missing path stays missing)
+
+
+def test_cut_short_and_metric_less_summaries_are_listed_and_the_report_goes_on(tmp_path):
+    sweep = sweep_of_two(tmp_path)
+    write_fake_run(sweep / "cut", {"seed": 2, "model": {"n_head": 2}}, 1.0)
+    (sweep / "cut" / "summary.json").write_text('{"status": "completed", "st')
+    write_fake_run(sweep / "resumed", {"seed": 3, "model": {"n_head": 2}}, 1.0)
+    (sweep / "resumed" / "summary.json").write_text(json.dumps({"status": "completed", "step": 99}))
+    done = run_cli(["scripts/ablation_report.py", str(sweep), "--out", str(tmp_path / "out")])
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "out" / "ablation.md").read_text()
+    assert "| cut | 2 | unreadable | 10 | summary.json is not valid JSON" in report
+    assert "| resumed | 3 | completed without a final val/loss | 10 |" in report
+    assert "| 1.5500 [0.9147, 2.1853] | reference |" in report  # the two good seeds: 1.55 ± 12.706 * 0.0707 / √2

@@ -1,0 +1,56 @@
+"""scripts/head_importance.py on a real tiny run: table, JSON and plots; bad targets are one error line."""
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, compose_config, run_cli
+from training.config import to_train_config
+from training.trainer import train
+
+
+@pytest.fixture(scope="module")
+def tiny_run(shared_corpus_overrides, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    train(to_train_config(compose_config([*shared_corpus_overrides, f"out_dir={out}", "sample_tokens=0"])))
+    return out
+
+
+def test_a_run_directory_gets_a_table_and_plots(tiny_run, tmp_path):
+    done = run_cli(["scripts/head_importance.py", str(tiny_run), "--out", str(tmp_path / "hi"), "--tokens", "512"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "hi" / "head_importance.json").read_text())
+    assert results["shape"] == {"n_layer": 2, "n_head": 2, "d_k": 16, "n_kv_head": 2}
+    assert results["tokens"] == 2 * 8 * 32  # ceil(512 / (8 * 32)) = 2 batches of 8 windows of 32
+    assert len(results["pruning_curve"]) == 5 and results["pruning_curve"][0][1] == results["base_loss"]
+    report = (tmp_path / "hi" / "head_importance.md").read_text()
+    assert "| layer \\ head | 0 | 1 |" in report and report.count("\n| 1 | 1 | ") == 1
+    for name in ("head_heatmaps.png", "pruning_curve.png"):
+        assert (tmp_path / "hi" / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
+
+
+def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the king is not what the queen is\n" * 4)  # 140 characters: 4 windows of 32 + 1
+    ckpt = tiny_run / "checkpoints" / "best.safetensors"
+    done = run_cli(["scripts/head_importance.py", str(ckpt), "--text", str(text), "--out", str(tmp_path / "hi")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "hi" / "head_importance.json").read_text())
+    assert results["tokens"] == 4 * 32 and results["data"] == str(text)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["nowhere"], "error: checkpoint 'nowhere/checkpoints/best.safetensors' does not exist; give a"),
+        (["RUN", "--tokens", "0"], "error: --tokens 0 is invalid; it must be >= 1"),
+        (["RUN", "--text", "missing.txt"], "error: --text 'missing.txt' does not exist"),
+    ],
+)
+def test_bad_targets_are_one_error_line_and_write_nothing(tiny_run, tmp_path, args, message):
+    args = [str(tiny_run) if a == "RUN" else a for a in args]
+    (tmp_path / "nowhere").mkdir()  # a directory without checkpoints
+    done = run_cli([str(ROOT / "scripts" / "head_importance.py"), *args, "--out", "hi"], cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), done.stderr
+    assert not (tmp_path / "hi").exists()

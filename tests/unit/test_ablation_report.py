@@ -1,0 +1,129 @@
+"""Sweep reports from fake run directories: grouping by every swept key, intervals in the table, paired
+comparisons in words, and runs whose records are bad or cut short."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.sweep import (
+    COMPLETED,
+    CRASHED,
+    FAILED_AT_START,
+    NO_VAL_LOSS,
+    UNREADABLE,
+    find_runs,
+    group_cells,
+    varying_keys,
+)
+from scripts.ablation_report import write_report
+from tests.helpers import write_fake_run
+
+
+def config(seed: int, out: str, lr: float = 1e-3, n_head: int = 2, d_k: int | None = 8) -> dict:
+    """A resolved config as run_info.json holds it, with the bookkeeping that differs run to run."""
+    model = {"n_head": n_head, "d_k": d_k}
+    fixed = {"max_steps": 20, "optim": {"lr": lr, "betas": [0.9, 0.95]}, "fairness": {"mode": "fixed_d_model"}}
+    return {"seed": seed, "out_dir": out, "model": model, "logger": {"name": out}, **fixed}
+
+
+def lr_sweep(root: Path) -> Path:
+    """`optim.lr=1e-3,1e-2` x seeds 0, 1, 2: losses chosen so the paired difference is hand-checkable."""
+    losses = {1e-3: [2.0, 2.5, 3.0], 1e-2: [1.70, 2.18, 2.69]}
+    for lr, values in losses.items():
+        for seed, loss in enumerate(values):
+            write_fake_run(root / f"lr{lr}_s{seed}", config(seed, f"out/{lr}/{seed}", lr=lr), loss)
+    return root
+
+
+def test_an_lr_sweep_is_two_rows_named_by_the_swept_key(tmp_path):
+    runs = find_runs(lr_sweep(tmp_path / "sweep"))
+    assert varying_keys(runs) == ["optim.lr"]  # seed, out_dir and logger.name vary too, but are not compared
+    cells = group_cells(runs, ["optim.lr"])
+    assert [(c.values, sorted(c.metric("val/loss"))) for c in cells] == [
+        ({"optim.lr": 1e-3}, [0, 1, 2]),
+        ({"optim.lr": 1e-2}, [0, 1, 2]),
+    ]
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| 0.0")]
+    assert len(rows) == 2 and report.count("| optim.lr | d_k |") == 1
+    # mean 2.5, s 0.5, n 3: 2.5 ± 4.3027 * 0.5 / sqrt(3) = [1.2579, 3.7421]
+    assert rows[0].startswith("| 0.001 | 8 | 1.00k | 6.00k | 128 | 20 | 100 | 2.5000 [1.2579, 3.7421] | reference |")
+    assert "| -0.3100 [-0.3348, -0.2852] |" in rows[1]
+    assert "- optim.lr=0.01 vs optim.lr=0.001: val loss -0.3100 nats, resolved: lower by 0.3100 nats" in report
+    for name in ("val_loss_intervals.png", "val_loss_differences.png", "val_loss_curves.png"):
+        assert (tmp_path / "out" / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
+
+
+def test_a_grid_of_two_keys_gets_a_cell_per_pair_and_a_heatmap(tmp_path):
+    for n_head in (1, 2):
+        for d_k in (8, 16):
+            for seed in (0, 1):
+                cfg = config(seed, f"o{n_head}{d_k}{seed}", n_head=n_head, d_k=d_k)
+                loss = 2.0 + n_head + seed / 10
+                write_fake_run(tmp_path / f"h{n_head}_dk{d_k}_s{seed}", cfg, loss, n_head=n_head, d_k=d_k)
+    runs = find_runs(tmp_path)
+    assert varying_keys(runs) == ["model.d_k", "model.n_head"]
+    cells = group_cells(runs, varying_keys(runs))
+    assert [tuple(c.values.values()) for c in cells] == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    report = write_report(tmp_path, tmp_path / "out", reference="model.n_head=2,model.d_k=16").read_text()
+    assert "Δ is the paired difference against the reference (model.d_k=16, model.n_head=2)" in report
+    assert "- model.d_k=8, model.n_head=1 vs model.d_k=16, model.n_head=2: val loss -1.0000 nats" in report
+    assert (tmp_path / "out" / "val_loss_heatmap.png").is_file()
+
+
+def test_bad_reference_is_refused_before_anything_is_written(tmp_path):
+    lr_sweep(tmp_path / "sweep")
+    unknown = r"--reference key\(s\) \['model.n_head'\] are not swept; swept keys: optim.lr"
+    with pytest.raises(ValueError, match=unknown):
+        write_report(tmp_path / "sweep", tmp_path / "out", reference="model.n_head=4")
+    with pytest.raises(ValueError, match=r"--reference optim.lr=0.5 matches 0 cells"):
+        write_report(tmp_path / "sweep", tmp_path / "out", reference="optim.lr=0.5")
+    assert not (tmp_path / "out").exists()
+
+
+def test_seeds_of_one_cell_that_differ_in_size_are_refused(tmp_path):
+    write_fake_run(tmp_path / "a", config(0, "a"), 1.4, params=1000)
+    write_fake_run(tmp_path / "b", config(1, "b"), 1.6, params=2000)
+    with pytest.raises(ValueError, match=r"runs of all runs differ in params"):
+        write_report(tmp_path, tmp_path / "out")
+
+
+def test_unfinished_unreadable_and_failed_runs_are_listed_with_the_swept_values(tmp_path):
+    lr_sweep(tmp_path)
+    write_fake_run(tmp_path / "crashed", config(3, "c", lr=1e-2), None)
+    cut = write_fake_run(tmp_path / "cut", config(4, "d", lr=1e-2), 1.0)
+    (cut / "summary.json").write_text('{"status": "compl')
+    job = tmp_path / "bad"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("optim:\n  lr: 0.1\nseed: 5\n")
+    (job / "train.log").write_text("[2026-01-01 00:00:00,000][train][ERROR] - optim.lr=0.1 is invalid\n")
+    runs = {r.path.name: r.status for r in find_runs(tmp_path)}
+    assert (runs["crashed"], runs["cut"], runs["bad"]) == (CRASHED, UNREADABLE, FAILED_AT_START)
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "3 of 9 runs did not complete" in report
+    assert f"| bad | 0.1 | 5 | {FAILED_AT_START} | — | optim.lr=0.1 is invalid |" in report
+    assert f"| crashed | 0.01 | 3 | {CRASHED} | 10 |" in report
+    assert f"| cut | 0.01 | 4 | {UNREADABLE} | 10 | summary.json is not valid JSON" in report
+
+
+def test_a_summary_without_val_loss_takes_the_last_logged_evaluation(tmp_path):
+    lr_sweep(tmp_path)
+    resumed = write_fake_run(tmp_path / "resumed", config(3, "r", lr=1e-2), 1.0)
+    (resumed / "summary.json").write_text(json.dumps({"status": COMPLETED, "step": 20, "train_seconds": 0}))
+    lines = [{"step": 10, "val/loss": 3.0}, {"step": 20, "val/loss": 2.25, "val/bpb": 1.0}]
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    lost = write_fake_run(tmp_path / "lost", config(4, "l", lr=1e-2), 1.0)
+    (lost / "summary.json").write_text(json.dumps({"status": COMPLETED, "step": 30}))
+    runs = {r.path.name: r for r in find_runs(tmp_path)}
+    assert runs["resumed"].status == COMPLETED and runs["resumed"].final("val/loss") == 2.25
+    assert runs["lost"].status == NO_VAL_LOSS
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| 0, 1, 2, 3 |" in report and f"| lost | 0.01 | 4 | {NO_VAL_LOSS} |" in report
+
+
+def test_two_runs_of_one_cell_and_seed_are_refused(tmp_path):
+    write_fake_run(tmp_path / "a", config(0, "a"), 1.4)
+    write_fake_run(tmp_path / "rerun", config(0, "b"), 1.5)
+    with pytest.raises(ValueError, match=r"/a and .*/rerun are both all runs with seed 0; keep one of them"):
+        write_report(tmp_path, tmp_path / "out")

@@ -1,0 +1,59 @@
+"""Every experiment recipe composes through Hydra, and every point of its sweep grid validates."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.types import RunMode
+
+from analysis.papers import PAPERS
+from tests.helpers import CONFIG_DIR, compose_config
+from training.config import register_configs, to_train_config
+
+EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+PAPER_RECIPES = {"vaswani_a": "iso_param", "vaswani_b": "fixed_d_model", "bhojanapalli": "fixed_d_model"}
+PAPER_RECIPES["gqa"] = "fixed_d_model"
+
+
+def sweep_points(name: str, out_dir: str = "x") -> tuple[str, list[list[str]], list]:
+    """The recipe's sweep dir, the overrides of every point of its grid (Hydra's basic sweeper takes the
+    product) and each point's validated TrainConfig, composed in one Hydra context (fast)."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        base = [f"+experiment={name}", f"out_dir={out_dir}"]
+        hydra_cfg = compose("config", base, return_hydra_config=True).hydra
+        assert hydra_cfg.mode == RunMode.MULTIRUN, f"{name} is not a multirun recipe"
+        params = hydra_cfg.sweeper.params.items()
+        axes = [[f"{key}={v.strip()}" for v in str(values).split(",")] for key, values in params]
+        grid = [list(point) for point in itertools.product(*axes)]
+        # The seed changes no rule a config is checked against: one seed per shape keeps this fast.
+        first_seed = next(a[0] for a in axes if a[0].startswith("seed=")) if "seed" in hydra_cfg.sweeper.params else ""
+        configs = [to_train_config(compose("config", [*base, *p])) for p in grid if first_seed in p or not first_seed]
+    return str(hydra_cfg.sweep.dir), grid, configs
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_point_of_every_recipe_validates(name, tmp_path):
+    sweep_dir, grid, configs = sweep_points(name, str(tmp_path))
+    seeds = {o for point in grid for o in point if o.startswith("seed=")}
+    assert len(seeds) >= 3, f"{name} sweeps {len(seeds)} seeds; recipes run at least 3"
+    assert sweep_dir.startswith(f"multirun/{name}/")
+    shapes = {(c.model.n_head, c.model.head_dim, c.model.kv_heads) for c in configs}
+    assert len(shapes) * len(seeds) == len(grid)  # every point is a different run
+
+
+@pytest.mark.parametrize("paper,mode", list(PAPER_RECIPES.items()))
+def test_each_paper_has_a_cpu_and_a_gpu_recipe_with_its_report_command(paper, mode):
+    assert paper in PAPERS
+    for name, cores in ((f"{paper}_cpu", "OMP_NUM_THREADS=1 "), (paper, "")):
+        cfg = compose_config([f"+experiment={name}", "out_dir=x"])
+        assert cfg.fairness.mode == mode
+        header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
+        assert f"#   {cores}python train.py +experiment={name}\n" in header
+        assert f"scripts/ablation_report.py multirun/{name}/<date_time> --paper {paper}" in header
+    cpu = compose_config([f"+experiment={paper}_cpu", "out_dir=x"])
+    assert cpu.model.d_model <= 128 and cpu.model.n_layer == 2 and cpu.max_steps <= 1000
+    if mode == "iso_param":
+        _, _, configs = sweep_points(f"{paper}_cpu")
+        assert all(c.model.n_head * c.model.head_dim == c.model.d_model for c in configs)

@@ -1,0 +1,82 @@
+"""The papers' claims checked against fake sweeps whose answers are known (analysis/papers.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from analysis.papers import paper_section
+from analysis.sweep import find_runs, group_cells, varying_keys
+from tests.helpers import write_fake_run
+
+NOISE = (0.0, 0.01, -0.01)  # per seed, shared by every cell: paired differences are exact
+
+
+def sweep(root: Path, losses: dict[tuple, float], keys: tuple[str, ...], **info) -> list:
+    """Cells of a fake sweep: `losses` maps the values of `keys` (model.<key>) to a loss; 3 seeds each."""
+    for values, value in losses.items():
+        model = dict(zip(keys, values, strict=True))
+        for seed, noise in enumerate(NOISE):
+            name = "_".join(f"{k}{v}" for k, v in model.items()) + f"_s{seed}"
+            extra = {"n_head": model.get("n_head", 4), "d_k": model.get("d_k") or 16, **info}
+            write_fake_run(root / name, {"seed": seed, "model": model}, value + noise, **extra)
+    runs = find_runs(root)
+    return group_cells(runs, varying_keys(runs))
+
+
+def claims(section: str) -> dict[str, str]:
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and line.count(" | ") == 2]
+    return {r[0][2:]: r[2][:-2] for r in rows if not r[0].startswith("| claim")}
+
+
+def test_vaswani_a_agrees_when_one_head_and_sixteen_are_worse(tmp_path):
+    cells = sweep(tmp_path, {(1,): 2.30, (2,): 2.12, (4,): 2.10, (8,): 2.11, (16,): 2.20}, ("n_head",))
+    section = paper_section("vaswani_a", cells)
+    assert "| 16 | 4.91 | +0.0000 | 2.2000 | +0.1000 |" in section and "| 2 | — | — | 2.1200 | +0.0200 |" in section
+    assert "Our best head count: 4 (the paper's: 16" in section
+    assert claims(section) == {
+        "one head is clearly worse than the best head count": "agrees",
+        "too many heads is worse again (our most: 16)": "agrees",
+    }
+
+
+def test_vaswani_a_differs_when_most_heads_is_best_and_is_unresolved_when_noisy(tmp_path):
+    cells = sweep(tmp_path / "a", {(1,): 2.30, (16,): 2.10}, ("n_head",))
+    verdicts = claims(paper_section("vaswani_a", cells))
+    assert verdicts["too many heads is worse again (our most: 16)"].startswith("differs")
+    for seed, loss in enumerate((2.0, 2.25, 2.1)):  # h=1 worse on one seed, better on another
+        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, loss, n_head=1)
+        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, 2.1, n_head=4)
+    runs = find_runs(tmp_path / "b")
+    verdicts = claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs))))
+    assert verdicts["one head is clearly worse than the best head count"] == "unresolved: our interval includes 0"
+
+
+def test_vaswani_b_checks_each_smaller_d_k_against_the_widest(tmp_path):
+    cells = sweep(tmp_path, {(4,): 2.3, (8,): 2.1, (16,): 2.2}, ("d_k",))
+    assert claims(paper_section("vaswani_b", cells)) == {
+        "reducing d_k from 16 to 4 hurts": "agrees",
+        "reducing d_k from 16 to 8 hurts": "differs: ours goes the other way",
+    }
+
+
+def test_bhojanapalli_compares_the_split_with_a_fixed_head_size(tmp_path):
+    losses = {(1, None): 2.3, (8, None): 2.4, (1, 32): 2.25, (8, 32): 2.1}
+    verdicts = claims(paper_section("bhojanapalli", sweep(tmp_path, losses, ("n_head", "d_k"))))
+    assert verdicts == {
+        "at n_head=8, the d_model/h split is worse than head size 32": "agrees",
+        "at head size 32, 1 head(s) are worse than 8 (paper: more heads help)": "agrees",
+    }
+
+
+def test_gqa_puts_kv_cache_bytes_beside_the_loss(tmp_path):
+    cells = sweep(tmp_path, {(4,): 2.10, (2,): 2.11, (1,): 2.15}, ("n_kv_head",))
+    section = paper_section("gqa", cells)
+    # 2 (K and V) * 2 layers * n_kv_head * d_k 16 * 2 bytes
+    assert "| 4 | 512 | 1.00x | reference |" in section
+    assert "| 1 | 128 | 0.25x | +0.0500 [+0.0500, +0.0500] |" in section
+    assert claims(section)["0.25x the KV cache costs some loss"] == "agrees"
+
+
+def test_an_unknown_paper_is_refused():
+    with pytest.raises(ValueError, match=r"--paper 'vaswani' is unknown; choose one of: vaswani_a, vaswani_b"):
+        paper_section("vaswani", [])
