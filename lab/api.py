@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from analysis.attention import token_label
 from analysis.head_mask import gates_without
 from lab import runs
 from lab.measures import attention_layer, float32_base64, gated, next_token_top, prompt_loss
@@ -106,6 +107,7 @@ def attention(session: LabSession, body: dict) -> dict:
         weights = attention_layer(session.model, idx, 0 if layer is None else layer)  # (H, T, T)
     return {
         "tokens": session.token_texts(idx),
+        "labels": [token_label(t) for t in session.token_texts(idx)],
         "layer": layer,
         "shape": list(weights.shape),
         "weights": float32_base64(weights),
@@ -141,6 +143,20 @@ def intervene(session: LabSession, body: dict) -> dict:
     return {"heads_off": heads, "full": full, "ablated": ablated}
 
 
+def importance(session: LabSession, body: dict) -> dict:
+    """Each head's importance on this prompt: the loss with that head alone off, minus the full loss."""
+    idx = session.encode(body.get("prompt", ""))
+    with session.lock:
+        model = session.model
+        full = prompt_loss(model, idx)
+        c = model.config
+        delta = [
+            [prompt_loss(model, idx, gates_without(model, [(layer, head)])) - full for head in range(c.n_head)]
+            for layer in range(c.n_layer)
+        ]
+    return {"loss": full, "delta": delta}
+
+
 def load(session: LabSession, body: dict) -> dict:
     path = body.get("path")
     if not isinstance(path, str) or not path.strip():
@@ -156,4 +172,10 @@ def run_view(session: LabSession, body: dict) -> dict:
     return runs.view(path)
 
 
-ROUTES = {"/api/attention": attention, "/api/intervene": intervene, "/api/load": load, "/api/runs": run_view}
+ROUTES = {
+    "/api/attention": attention,
+    "/api/importance": importance,
+    "/api/intervene": intervene,
+    "/api/load": load,
+    "/api/runs": run_view,
+}
