@@ -61,7 +61,7 @@ def lab_url(session: LabSession):
 @pytest.fixture(scope="package")
 def browser():
     if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (apt-get install -y chromium) to run the page tests")
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (apt-get install -y chromium) for the page tests")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

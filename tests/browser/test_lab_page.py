@@ -99,7 +99,8 @@ def test_a_bad_prompt_shows_a_message_and_the_server_still_answers(page):
     page.click("#sample-run")
     message = page.wait_for_selector("#message:not([hidden])")
     assert re.fullmatch(
-        r"the prompt cannot be encoded: characters 'G', 'I', 'K', 'N' are not in the char vocabulary \(\d+ characters\)",
+        r"the prompt cannot be encoded: characters 'G', 'I', 'K', 'N' are not in the char vocabulary "
+        r"\(\d+ characters\)",
         message.inner_text().removesuffix("×").strip(),
     )
     assert "Traceback" not in page.content()

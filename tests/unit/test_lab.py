@@ -116,7 +116,7 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
 
 def test_sampling_settings_are_checked_with_one_line_errors():
     assert api.sampling_settings({"top_k": "", "top_p": "0.9"})["top_k"] is None
-    with pytest.raises(ValueError, match="top_p=1.5 is invalid"):
+    with pytest.raises(ValueError, match=r"top_p=1\.5 is invalid"):
         api.sampling_settings({"top_p": 1.5})
     with pytest.raises(ValueError, match="max_tokens=99999 is invalid"):
         api.sampling_settings({"max_tokens": 99999})
