@@ -3,13 +3,14 @@
 "use strict";
 
 const attn = { data: null, prompt: null, query: null, pinned: null };
-// Viridis, sampled at 9 points (dark = little attention, yellow = much): readable on white, fine in grey print.
-const VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
+// ColorBrewer's YlGnBu (pale = little attention, navy = much): sequential, so weak weights fade into the
+// page and a strip of tokens stays readable; the masked future is grey hatching, unlike any weight.
+const YLGNBU = ["#ffffd9", "#edf8b1", "#c7e9b4", "#7fcdbb", "#41b6c4", "#1d91c0", "#225ea8", "#253494", "#081d58"]
   .map((hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)));
 
 function colour(t) {
-  const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1), i = Math.min(Math.floor(x), VIRIDIS.length - 2);
-  const f = x - i, a = VIRIDIS[i], b = VIRIDIS[i + 1];
+  const x = Math.min(1, Math.max(0, t)) * (YLGNBU.length - 1), i = Math.min(Math.floor(x), YLGNBU.length - 2);
+  const f = x - i, a = YLGNBU[i], b = YLGNBU[i + 1];
   return [0, 1, 2].map((c) => Math.round(a[c] + f * (b[c] - a[c])));
 }
 
@@ -47,8 +48,8 @@ function hatch(ctx) {
   const tile = document.createElement("canvas");
   tile.width = tile.height = 6;
   const t = tile.getContext("2d");
-  t.fillStyle = "#f4f5f7"; t.fillRect(0, 0, 6, 6);
-  t.strokeStyle = "#d5d9e0"; t.beginPath(); t.moveTo(0, 6); t.lineTo(6, 0); t.stroke();
+  t.fillStyle = "#f0f2f5"; t.fillRect(0, 0, 6, 6);
+  t.strokeStyle = "#cdd2da"; t.beginPath(); t.moveTo(0, 6); t.lineTo(6, 0); t.stroke();
   return ctx.createPattern(tile, "repeat");
 }
 
@@ -104,12 +105,13 @@ function renderMaps() {
   const box = $("attn-maps"), heads = shownHeads(), sc = scale(heads), T = attn.data.shape[1];
   const multiple = heads.length > 1;
   // Fixed cell sizes: a long prompt makes the map scroll, never shrink below readable.
-  const cell = multiple ? Math.max(5, Math.min(12, Math.floor(260 / T))) : T <= 48 ? 20 : 14;
+  // Small multiples are the overview (at least 3 px a token; click one to open it at full size).
+  const cell = multiple ? Math.max(3, Math.min(12, Math.floor(240 / T))) : T <= 48 ? 20 : 14;
   const longest = Math.max(...attn.data.labels.map((l) => Math.min(l.length, 8)));
   const margin = multiple ? 0 : 14 + 7.5 * longest;
   box.innerHTML = "";
   for (const h of heads) {
-    const canvas = el("canvas", { "data-head": String(h) });
+    const canvas = el("canvas", { "data-head": String(h), "data-cell": String(cell), "data-margin": String(margin) });
     drawMap(canvas, h, sc, cell, margin);
     canvas.addEventListener("mousemove", (e) => {
       const at = cellAt(e, cell, margin);
@@ -153,7 +155,7 @@ function renderStrips() {
       else {
         const w = weight(h, q, k), [r, g, b] = colour(sc.at(w));
         tok.style.background = `rgb(${r},${g},${b})`;
-        tok.style.color = sc.at(w) > 0.6 ? "#1d2433" : "#fff";
+        tok.style.color = sc.at(w) > 0.55 ? "#fff" : "#1d2433";
         tok.title = `key ${k} “${label}”: ${w.toFixed(6)}`;
         tok.dataset.weight = String(w);
       }

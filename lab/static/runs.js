@@ -23,14 +23,14 @@ function ticks(lo, hi, count) {
 
 // series: [{name, points: [[step, value], ...], colour, dashed}]
 function lineChart(series, yLabel) {
-  const W = 760, H = 340, m = { l: 56, r: 190, t: 14, b: 40 }, all = series.flatMap((s) => s.points);
+  const W = 900, H = 360, m = { l: 56, r: 190, t: 14, b: 40 }, all = series.flatMap((s) => s.points);
   const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), pad = (Math.max(...ys) - Math.min(...ys)) * 0.05 || 0.1;
   const y0 = Math.min(...ys) - pad, y1 = Math.max(...ys) + pad;
   const X = (v) => m.l + ((v - x0) / (x1 - x0 || 1)) * (W - m.l - m.r);
   const Y = (v) => H - m.b - ((v - y0) / (y1 - y0)) * (H - m.t - m.b);
   const root = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": yLabel });
-  for (const v of ticks(y0, y1, 6)) {
+  for (const v of ticks(y0, y1, 8)) {
     root.append(svg("line", { class: "grid", x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }));
     root.append(svg("text", { x: m.l - 6, y: Y(v) + 4, "text-anchor": "end" }, v.toFixed(2)));
   }

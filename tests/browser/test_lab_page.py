@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from analysis.attention import attention_maps
 from analysis.head_mask import gates_without, head_gates
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "the king is not what"
 
 
@@ -51,6 +51,16 @@ def shown_row(page, head: int, query: int) -> tuple[list[float], list[str]]:
     return weights, titles
 
 
+def hovered_readout(page, head: int, query: int, key: int) -> str:
+    """Hover the map's cell (query, key) and return the readout the page shows for it."""
+    canvas = page.locator(f"#attn-maps canvas[data-head='{head}']")
+    cell, margin = float(canvas.get_attribute("data-cell")), float(canvas.get_attribute("data-margin"))
+    canvas.hover(position={"x": margin + (key + 0.5) * cell, "y": margin + (query + 0.5) * cell})
+    text = page.inner_text("#attn-readout")
+    assert f"query {query} " in text and f"key {key} " in text, text
+    return text
+
+
 def test_switching_layer_and_head_shows_that_heads_row(page, session):
     fill_prompt(page, PROMPT)
     page.click("button[data-tab=attention]")
@@ -67,6 +77,7 @@ def test_switching_layer_and_head_shows_that_heads_row(page, session):
         expected = weights[layer, head, query, : query + 1].tolist()
         assert shown == pytest.approx(expected, abs=1e-6)
         assert titles[3] == f"key 3 “␣”: {expected[3]:.6f}"
+        assert hovered_readout(page, head, query, 4).endswith(f"weight {expected[4]:.6f}")
         seen.append(shown)
     assert seen[0] != pytest.approx(seen[1], abs=1e-4), "two heads with the same row would not test the switch"
     page.select_option("#attn-head", "all")
