@@ -3,6 +3,9 @@ chosen layer and head, shows the loss of a head switched off exactly as head_gat
 shows errors as a message while the server keeps answering."""
 
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch.nn.functional as F
 
 from analysis.attention import attention_maps
 from analysis.head_mask import gates_without, head_gates
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "the king is not what"
@@ -145,3 +149,25 @@ def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, sess
     page.click("#load-form button")
     assert "is corrupt or not a safetensors file" in page.wait_for_selector("#message:not([hidden])").inner_text()
     assert str(session.checkpoint) in page.inner_text("#model-info")
+
+
+def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
+    """`python scripts/lab.py RUN --port 0` as a user runs it: the printed URL opens the page on that run."""
+    process = subprocess.Popen(
+        [sys.executable, "scripts/lab.py", str(sweep_dir / "h2"), "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert url and int(url.group(1)) > 0, (line, process.stderr.read() if process.poll() is not None else "")
+        page = browser.new_page()
+        page.goto(url.group(0))
+        assert "best.safetensors" in page.wait_for_selector("#model-info b").inner_text()
+        page.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, "Ctrl-C stops the server cleanly"
