@@ -43,6 +43,18 @@ def test_sample_streams_the_same_text_as_generate(page, session):
     assert page.inner_text("#sample-output .prompt-text") == PROMPT
 
 
+def test_stop_ends_a_long_sample_and_frees_the_model_for_the_next_request(page):
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "2000")
+    page.click("#sample-run")
+    page.wait_for_function("document.querySelector('#sample-output .gen-text')?.textContent.length > 0")
+    page.click("#sample-stop")
+    page.wait_for_selector("#sample-status:has-text('stopped')")
+    assert len(page.inner_text("#sample-output .gen-text")) < 2000
+    page.click("button[data-tab=attention]")  # needs the model's lock, which the stopped stream held
+    page.wait_for_selector("#attn-status:has-text('layer 0')", timeout=20_000)
+
+
 def shown_row(page, head: int, query: int) -> tuple[list[float], list[str]]:
     """Click `query` in head's strip; return the weights the page shows on keys 0..query and their titles."""
     strip = page.locator(f"#attn-strips .strip[data-head='{head}']")

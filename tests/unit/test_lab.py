@@ -2,6 +2,7 @@
 the Runs view, and the HTTP API's errors (JSON, one line, and the server keeps answering)."""
 
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ from analysis.head_mask import gates_without, head_gates
 from data.tokenizer import CharTokenizer
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
-from lab.server import make_server, url_of
+from lab.server import STATIC, make_server, url_of
 from lab.session import LabSession, resolve_checkpoint
 from model import GPT, GPTConfig
 from training.checkpoint import save_checkpoint
@@ -155,6 +156,14 @@ def test_streamed_sample_equals_generate_with_the_same_seed(session):
     generator = torch.Generator().manual_seed(3)
     out = session.model.generate(idx[None], 20, temperature=0.8, top_k=200, generator=generator)
     assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
+
+
+def test_the_page_loads_nothing_from_outside():
+    """Offline by construction: no URL in the static files, and every file index.html names is there."""
+    for path in STATIC.iterdir():
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)|//cdn", path.read_text()), path.name
+    named = re.findall(r'(?:src|href)="/static/([^"]+)"', (STATIC / "index.html").read_text())
+    assert sorted(named) == sorted(p.name for p in STATIC.iterdir() if p.name != "index.html")
 
 
 def test_lab_script_reports_a_bad_checkpoint_in_one_line(tmp_path, capsys):
