@@ -21,14 +21,14 @@ MAX_NEW_TOKENS = 2000
 
 
 def optional_number(body: dict, key: str, kind: type, default: Any) -> Any:
-    """body[key] as int/float; missing keeps the default, null or "" means no limit (None)."""
+    """body[key] as int/float; missing keeps the default, null or "" means none (no limit; temperature 0)."""
     value = body.get(key, default)
     if value is None or value == "":
         return None
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r} is not a number") from None
+        raise ValueError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
 def sampling_settings(body: dict) -> dict[str, Any]:

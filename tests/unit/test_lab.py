@@ -121,7 +121,7 @@ def test_sampling_settings_are_checked_with_one_line_errors():
         api.sampling_settings({"top_p": 1.5})
     with pytest.raises(ValueError, match="max_tokens=99999 is invalid"):
         api.sampling_settings({"max_tokens": 99999})
-    with pytest.raises(ValueError, match="seed='x' is not a number"):
+    with pytest.raises(ValueError, match="seed='x' is not an integer"):
         api.sampling_settings({"seed": "x"})
 
 
