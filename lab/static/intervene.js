@@ -16,7 +16,7 @@ function renderHeadGrid() {
       const off = heads.off.has(key(l, h));
       const button = el("button", { type: "button", class: off ? "head-toggle off" : "head-toggle",
         "data-layer": String(l), "data-head": String(h), "aria-pressed": String(off), title: off ? "off (click: on)" : "on (click: off)" },
-        `L${l} H${h}`);
+        el("span", { class: "name", text: `L${l} H${h}` }));
       if (heads.scores) {
         const d = heads.scores[l][h];
         button.append(el("span", { class: "score", text: `Δ ${d >= 0 ? "+" : ""}${d.toFixed(3)}` }));
