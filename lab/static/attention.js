@@ -19,6 +19,9 @@ function decodeWeights(b64) {
   return new Float32Array(bytes.buffer);
 }
 
+// Six decimals; a weight under 1e-4 (which the log scale is for) in scientific notation, not as 0.000000.
+function fmtWeight(w) { return w >= 1e-4 || w === 0 ? w.toFixed(6) : w.toExponential(2); }
+
 function weight(h, q, k) { const T = attn.data.shape[1]; return attn.data.weights[(h * T + q) * T + k]; }
 
 function shownHeads() {
@@ -97,7 +100,7 @@ function cellAt(event, cell, margin) {
 
 function describe(h, q, k) {
   const L = attn.data.labels, head = `layer ${attn.data.layer}, head ${h}`;
-  const what = k > q ? "masked (a future token)" : `weight ${weight(h, q, k).toFixed(6)}`;
+  const what = k > q ? "masked (a future token)" : `weight ${fmtWeight(weight(h, q, k))}`;
   return `${head}\nquery ${q} “${L[q]}” → key ${k} “${L[k]}”\n${what}`;
 }
 
@@ -156,7 +159,7 @@ function renderStrips() {
         const w = weight(h, q, k), [r, g, b] = colour(sc.at(w));
         tok.style.background = `rgb(${r},${g},${b})`;
         tok.style.color = sc.at(w) > 0.55 ? "#fff" : "#1d2433";
-        tok.title = `key ${k} “${label}”: ${w.toFixed(6)}`;
+        tok.title = `key ${k} “${label}”: ${fmtWeight(w)}`;
         tok.dataset.weight = String(w);
       }
       if (k === q) tok.classList.add("query");
