@@ -27,11 +27,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        sys.exit(f"error: --port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
     try:
         session = LabSession(args.source, args.device)
-        server = make_server(session, args.host, args.port)
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+    try:
+        server = make_server(session, args.host, args.port)
+    except OSError as e:  # port taken, unknown host, no permission
+        sys.exit(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
     print(f"attnlab lab: {session.checkpoint} at {url_of(server)}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

@@ -166,8 +166,10 @@ def test_the_page_loads_nothing_from_outside():
     assert sorted(named) == sorted(p.name for p in STATIC.iterdir() if p.name != "index.html")
 
 
-def test_lab_script_reports_a_bad_checkpoint_in_one_line(tmp_path, capsys):
+def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path):
     from scripts.lab import main
 
     with pytest.raises(SystemExit, match=r"^error: .*missing' does not exist; give a checkpoint file or a run"):
         main([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match=r"^error: --port 99999 is invalid; it must be 0 to 65535"):
+        main([str(tmp_path), "--port", "99999"])
