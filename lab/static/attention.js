@@ -214,7 +214,7 @@ function fillSelect(select, n, extra) {
 document.addEventListener("lab:model", (event) => {
   fillSelect($("attn-layer"), event.detail.n_layer);
   fillSelect($("attn-head"), event.detail.n_head, "all");
-  attn.data = null; attn.pinned = null;
+  attn.data = null; attn.pinned = null; attn.prompt = null;
   $("attn-maps").innerHTML = ""; $("attn-strips").innerHTML = "";
 });
 
