@@ -1,0 +1,60 @@
+"""What the page shows about one prompt: the loss on it, the next-token distribution, attention weights.
+
+Each takes optional head gates (analysis/head_mask.py), so the intervened model is measured by
+exactly the masking the head-importance analysis uses, and gates=None is the full model.
+"""
+
+import base64
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from analysis.attention import attention_maps
+from analysis.head_mask import head_gates
+from model import GPT
+
+
+def gated(model: GPT, gates: Tensor | None) -> contextlib.AbstractContextManager:
+    return head_gates(model, gates) if gates is not None else contextlib.nullcontext()
+
+
+def check_length(model: GPT, idx: Tensor, at_least: int = 1) -> None:
+    T, block_size = idx.shape[0], model.config.block_size
+    if not at_least <= T <= block_size:
+        raise ValueError(f"the prompt has {T} tokens; this needs {at_least} to block_size={block_size}")
+
+
+@torch.no_grad()
+def prompt_loss(model: GPT, idx: Tensor, gates: Tensor | None = None) -> float:
+    """Mean next-token cross-entropy (nats) of the prompt's tokens idx (T,): token t+1 predicted from 0..t."""
+    check_length(model, idx, at_least=2)
+    with gated(model, gates):
+        _, loss = model(idx[None, :-1], targets=idx[None, 1:])
+    return float(loss)
+
+
+@torch.no_grad()
+def next_token_top(model: GPT, idx: Tensor, k: int = 10, gates: Tensor | None = None) -> list[tuple[int, float]]:
+    """The k most likely next tokens after idx (T,), as (token id, probability), most likely first."""
+    check_length(model, idx)
+    with gated(model, gates):
+        logits, _ = model(idx[None], last_only=True)  # (1, 1, vocab)
+    probs = F.softmax(logits[0, -1].float(), dim=-1)
+    top = torch.topk(probs, min(k, probs.shape[0]))
+    return [(int(i), float(p)) for i, p in zip(top.indices, top.values, strict=True)]
+
+
+def attention_layer(model: GPT, idx: Tensor, layer: int) -> Tensor:
+    """Layer `layer`'s weights (n_head, T, T) for idx (T,): row = query position, column = key."""
+    check_length(model, idx)
+    if not 0 <= layer < model.config.n_layer:
+        raise ValueError(f"layer {layer} does not exist; the model has layers 0..{model.config.n_layer - 1}")
+    weights, _ = attention_maps(model, idx)  # (n_layer, n_head, T, T)
+    return weights[layer]
+
+
+def float32_base64(t: Tensor) -> str:
+    """Little-endian float32 bytes, base64: exact, and a (16, 256, 256) layer is 5.6 MB, not 14 MB of JSON numbers."""
+    return base64.b64encode(t.detach().cpu().float().numpy().astype("<f4").tobytes()).decode("ascii")

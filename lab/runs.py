@@ -1,0 +1,64 @@
+"""The Runs tab's data: a run's loss curves from metrics.jsonl, and for a sweep its ablation table.
+
+The sweep reading and the table are analysis/sweep.py's and analysis/report.py's (the same table
+`scripts/ablation_report.py` writes), called here only, through their public functions: the page
+shows the report's own Markdown table, split into cells.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+from analysis import report, sweep
+
+CURVE_KEYS = ("train/loss", "val/loss")
+
+
+def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) per metric key of CURVE_KEYS that the run logged."""
+    records = sweep.read_jsonl(run_dir / "metrics.jsonl")
+    out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
+    return {key: points for key, points in out.items() if points}
+
+
+def markdown_rows(text: str) -> list[list[str]]:
+    """The cells of each row of the Markdown tables in `text` (separator lines dropped; \\| kept as |)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("|") or re.fullmatch(r"\|[\s\-:|]+", line):
+            continue
+        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        rows.append([cell.strip().replace("\\|", "|") for cell in cells])
+    return rows
+
+
+def split_table(text: str) -> dict[str, list]:
+    """{"header": cells, "rows": [cells, ...]} of a Markdown table; empty when `text` has none."""
+    rows = markdown_rows(text)
+    return {"header": rows[0] if rows else [], "rows": rows[1:]}
+
+
+def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
+    """The report's ablation table and its list of runs that did not complete, with its first line."""
+    unfinished = report.unfinished_table(runs, root)
+    return {
+        "table": split_table(report.table(sweep.aggregate(runs))),
+        "unfinished": split_table(unfinished),
+        "note": unfinished.splitlines()[0],
+    }
+
+
+def view(path: str | Path) -> dict[str, Any]:
+    """A run directory (its curves) or a sweep directory (every run's curves and the ablation table)."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"run or sweep directory {str(root)!r} does not exist")
+    if (root / "metrics.jsonl").is_file():
+        return {"kind": "run", "path": str(root), "runs": [{"name": root.name, "curves": curves(root)}]}
+    found = sweep.find_runs(root)  # FileNotFoundError when nothing under it is a run
+    return {
+        "kind": "sweep",
+        "path": str(root),
+        "runs": [{"name": str(r.path.relative_to(root)), "status": r.status, "curves": curves(r.path)} for r in found],
+        **sweep_tables(root, found),
+    }

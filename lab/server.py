@@ -1,0 +1,136 @@
+"""The lab's HTTP server: the page's static files, the JSON API, and the sample as a chunked stream.
+
+Standard library only (http.server), so the page works offline and the core install gains nothing.
+Every error is answered as JSON {"error": "one line"}: a problem the user can fix as 400, anything
+else as 500 with the traceback in the server's log, never on the page; the server keeps serving.
+"""
+
+import json
+import logging
+from collections.abc import Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from lab import api
+from lab.session import LabSession
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).with_name("static")
+CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+MAX_BODY = 1 << 20  # prompts and settings; nothing the page sends comes near a megabyte
+
+
+def error_text(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+class LabHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # chunked transfer for the streamed sample
+    session: LabSession  # set on the subclass make_server builds
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def send_bytes(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_json(self, status: int, payload: dict) -> None:
+        self.send_bytes(status, json.dumps(payload).encode(), "application/json")
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/api/info":
+            return self.answer(lambda: self.session.info())
+        name = "index.html" if path == "/" else path.removeprefix("/static/")
+        file = STATIC / name
+        # Only files directly in static/ by their plain name: no '..', no sub-folders, no other paths.
+        if "/" in name or file.suffix not in CONTENT_TYPES or not file.is_file():
+            return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no page at {path}"})
+        self.send_bytes(HTTPStatus.OK, file.read_bytes(), CONTENT_TYPES[file.suffix])
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/api/sample":
+            return self.answer(lambda: api.sample(self.session, self.read_body()), stream=True)
+        route = api.ROUTES.get(path)
+        if route is None:
+            return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
+        self.answer(lambda: route(self.session, self.read_body()))
+
+    def read_body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise ValueError(f"the request has {length} bytes; the lab takes at most {MAX_BODY}")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise ValueError("the request body must be a JSON object")
+        return body
+
+    def answer(self, compute, stream: bool = False) -> None:
+        """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
+        try:
+            result = compute()
+        except (ValueError, FileNotFoundError) as e:
+            return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
+        except Exception as e:
+            log.exception("request %s failed", self.path)
+            return self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error_text(e)}"})
+        if not stream:
+            return self.send_json(HTTPStatus.OK, result)
+        head, records = result
+        self.send_stream(head, records)
+
+    def send_stream(self, head: dict, records: Iterator[dict]) -> None:
+        """Newline-delimited JSON in HTTP chunks: `head`, then each record, then {"done": true}."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/x-ndjson; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        try:
+            self.send_chunk(head)
+            try:
+                for record in records:
+                    self.send_chunk(record)
+                self.send_chunk({"done": True})
+            except (ValueError, FileNotFoundError) as e:
+                self.send_chunk({"error": error_text(e)})
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as e:
+                log.exception("stream %s failed", self.path)
+                self.send_chunk({"error": f"internal error: {error_text(e)}"})
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the page stopped reading (Stop, or closed)
+            self.close_connection = True
+        finally:
+            records.close()
+
+    def send_chunk(self, record: dict) -> None:
+        data = (json.dumps(record) + "\n").encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def make_server(session: LabSession, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A server bound to (host, port); port 0 picks a free one (read it from server.server_address)."""
+    handler = type("BoundLabHandler", (LabHandler,), {"session": session})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}/"

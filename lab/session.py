@@ -1,0 +1,95 @@
+"""One loaded model and its tokenizer, shared by every request of a lab server.
+
+The model is loaded once and used under a lock: head gates are hooks on the shared model, so two
+requests running at once would see each other's gates. A lab serves one person; serialising is
+cheaper than a model copy per request.
+"""
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data import Tokenizer, tokenizer_from_meta
+from model import GPT
+from scripts.sample import encode_prompt
+from training.checkpoint import load_model
+from training.device import resolve_device
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as is; a run directory means RUN/checkpoints/best.safetensors, else its newest step."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
+    folder = path / "checkpoints"
+    if (folder / "best.safetensors").is_file():
+        return folder / "best.safetensors"
+    steps = sorted(folder.glob("step_*.safetensors"))
+    if not steps:
+        raise FileNotFoundError(
+            f"run directory {str(path)!r} has no checkpoints/best.safetensors or step_*.safetensors"
+        )
+    return steps[-1]  # zero-padded step numbers: the last name is the newest step
+
+
+def run_dir_of(source: Path, checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint came from, when it sits in RUN/checkpoints/ beside metrics.jsonl."""
+    if source.is_dir():
+        return source
+    run = checkpoint.parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and (run / "metrics.jsonl").is_file() else None
+
+
+class LabSession:
+    """The model, tokenizer and checkpoint a lab server works with; use `with session.lock:` around the model."""
+
+    def __init__(self, source: str | Path, device: str = "cpu") -> None:
+        self.lock = threading.Lock()
+        self.device = resolve_device(device)
+        self.load(source)
+
+    def load(self, source: str | Path) -> None:
+        """Load a checkpoint or run directory; on any error the previous model stays."""
+        source = Path(source).expanduser()
+        checkpoint = resolve_checkpoint(source)
+        model, ckpt = load_model(checkpoint, self.device)
+        if "tokenizer" not in ckpt.meta:
+            raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
+        cache_dir = ckpt.meta.get("config", {}).get("data", {}).get("cache_dir", "")
+        tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cache_dir)
+        with self.lock:
+            self.model: GPT = model
+            self.tokenizer: Tokenizer = tokenizer
+            self.checkpoint = checkpoint
+            self.step = ckpt.meta.get("step")
+            self.run_dir = run_dir_of(source, checkpoint)
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """The prompt's token ids (T,) on the model's device; ValueError names unknown characters."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("the prompt is empty; type some text first")
+        ids = encode_prompt(self.tokenizer, prompt, self.model.config.vocab_size)
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def token_texts(self, idx: torch.Tensor) -> list[str]:
+        return [self.tokenizer.decode([int(i)]) for i in idx]
+
+    def info(self) -> dict[str, Any]:
+        c = self.model.config
+        return {
+            "checkpoint": str(self.checkpoint),
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+            "step": self.step,
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": c.vocab_size,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "d_model": c.d_model,
+            "d_k": c.head_dim,
+            "block_size": c.block_size,
+            "params": self.model.num_params(),
+        }

@@ -1,0 +1,90 @@
+// Runs tab: a run's train/val loss against step, or every run of a sweep (val loss), drawn in SVG; for a sweep
+// also the ablation table from analysis/report.py and the runs that did not complete.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const PALETTE = ["#2f5bd3", "#d92d20", "#079455", "#dc6803", "#7a5af8", "#0e9384", "#c11574", "#667085"];
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// Round tick values (1, 2, 5 x 10^n) covering [lo, hi].
+function ticks(lo, hi, count) {
+  const span = hi - lo || 1, raw = span / count, mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => span / s <= count) || 10 * mag;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Number(v.toPrecision(12)));
+  return out;
+}
+
+// series: [{name, points: [[step, value], ...], colour, dashed}]
+function lineChart(series, yLabel) {
+  const W = 900, H = 360, m = { l: 56, r: 190, t: 14, b: 40 }, all = series.flatMap((s) => s.points);
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), pad = (Math.max(...ys) - Math.min(...ys)) * 0.05 || 0.1;
+  const y0 = Math.min(...ys) - pad, y1 = Math.max(...ys) + pad;
+  const X = (v) => m.l + ((v - x0) / (x1 - x0 || 1)) * (W - m.l - m.r);
+  const Y = (v) => H - m.b - ((v - y0) / (y1 - y0)) * (H - m.t - m.b);
+  const root = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": yLabel });
+  for (const v of ticks(y0, y1, 8)) {
+    root.append(svg("line", { class: "grid", x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }));
+    root.append(svg("text", { x: m.l - 6, y: Y(v) + 4, "text-anchor": "end" }, v.toFixed(2)));
+  }
+  for (const v of ticks(x0, x1, 8)) root.append(svg("text", { x: X(v), y: H - m.b + 16, "text-anchor": "middle" }, String(v)));
+  root.append(svg("line", { class: "axis", x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }));
+  root.append(svg("line", { class: "axis", x1: m.l, x2: m.l, y1: m.t, y2: H - m.b }));
+  root.append(svg("text", { x: (m.l + W - m.r) / 2, y: H - 6, "text-anchor": "middle" }, "step"));
+  root.append(svg("text", { x: 14, y: (m.t + H - m.b) / 2, transform: `rotate(-90 14 ${(m.t + H - m.b) / 2})`,
+    "text-anchor": "middle" }, yLabel));
+  series.forEach((s, i) => {
+    const d = s.points.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
+    root.append(svg("path", { d, fill: "none", stroke: s.colour, "stroke-width": s.dashed ? 1.2 : 2,
+      "stroke-dasharray": s.dashed ? "4 3" : "none", "data-series": s.name }));
+    const ly = m.t + 8 + i * 18;
+    root.append(svg("line", { x1: W - m.r + 14, x2: W - m.r + 34, y1: ly, y2: ly, stroke: s.colour, "stroke-width": 2,
+      "stroke-dasharray": s.dashed ? "4 3" : "none" }));
+    root.append(svg("text", { x: W - m.r + 40, y: ly + 4 }, s.name));
+  });
+  return root;
+}
+
+function dataTable(table, caption) {
+  const node = el("table", { class: "data" });
+  if (caption) node.append(el("caption", { class: "hint", text: caption }));
+  node.append(el("tr", {}, ...table.header.map((h) => el("th", { text: h }))));
+  for (const row of table.rows) node.append(el("tr", {}, ...row.map((c) => el("td", { text: c }))));
+  return node;
+}
+
+function renderRuns(view) {
+  const chart = $("runs-chart"), tables = $("runs-tables");
+  chart.innerHTML = ""; tables.innerHTML = "";
+  let series;
+  if (view.kind === "run") {
+    const c = view.runs[0].curves;
+    series = [["val/loss", false, PALETTE[0]], ["train/loss", true, PALETTE[1]]]
+      .filter(([k]) => c[k]).map(([k, dashed, colour]) => ({ name: k, points: c[k], colour, dashed }));
+  } else {
+    series = view.runs.filter((r) => r.curves["val/loss"])
+      .map((r, i) => ({ name: r.name, points: r.curves["val/loss"], colour: PALETTE[i % PALETTE.length] }));
+  }
+  if (series.length) chart.append(lineChart(series, view.kind === "run" ? "loss (nats/token)" : "val/loss (nats/token)"));
+  else chart.append(el("p", { class: "hint", text: "no loss logged yet in metrics.jsonl" }));
+  if (view.kind === "sweep") {
+    tables.append(el("h3", { class: "sub", text: "Ablation table (analysis/report.py)" }), dataTable(view.table));
+    tables.append(el("p", { class: "hint", text: view.note }));
+    if (view.unfinished.rows.length) tables.append(dataTable(view.unfinished));
+  }
+  $("runs-status").textContent = `${view.kind === "run" ? "run" : `sweep of ${view.runs.length} runs`}: ${view.path}`;
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("runs-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    guarded(event.submitter, $("runs-status"), async () => renderRuns(await api("/api/runs", { path: $("runs-path").value })));
+  });
+});

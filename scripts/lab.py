@@ -1,0 +1,50 @@
+"""The attnlab lab, a local web page: `python scripts/lab.py RUN_OR_CKPT [--host H] [--port P] [--device D]`.
+
+Loads the checkpoint once (a run directory means its checkpoints/best.safetensors, else its newest
+step_*.safetensors), prints the page's URL and serves until Ctrl-C. --port 0 picks a free port.
+A problem the user can fix exits non-zero with one line `error: ...`.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.server import make_server, url_of
+from lab.session import LabSession
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="A local web page to sample, look inside attention, switch heads off.")
+    parser.add_argument("source", help="a checkpoint file or a run directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 = pick a free one (default)")
+    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps (default: cpu)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        sys.exit(f"error: --port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
+    try:
+        session = LabSession(args.source, args.device)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    try:
+        server = make_server(session, args.host, args.port)
+    except OSError as e:  # port taken, unknown host, no permission
+        sys.exit(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
+    print(f"attnlab lab: {session.checkpoint} at {url_of(server)}  (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

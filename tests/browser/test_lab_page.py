@@ -1,0 +1,185 @@
+"""The lab page driven in headless Chromium: it loads, samples, shows the right attention row for the
+chosen layer and head, shows the loss of a head switched off exactly as head_gates computes it, and
+shows errors as a message while the server keeps answering."""
+
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis.attention import attention_maps
+from analysis.head_mask import gates_without, head_gates
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+PROMPT = "the king is not what"
+
+
+def fill_prompt(page, text: str) -> None:
+    page.fill("#prompt", text)
+
+
+def test_page_loads_with_the_model_and_four_tabs(page, session):
+    info = page.inner_text("#model-info")
+    assert str(session.checkpoint) in info and "2 layers × 2 heads" in info
+    assert page.locator(".tabs button").all_inner_texts() == ["Sample", "Attention", "Intervene", "Runs"]
+
+
+def test_sample_streams_the_same_text_as_generate(page, session):
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "40")
+    page.fill("#seed", "5")
+    page.click("#sample-run")
+    page.wait_for_selector("#sample-status:has-text('done')", timeout=30_000)
+    shown = page.inner_text("#sample-output .gen-text")
+    idx = session.encode(PROMPT)
+    generator = torch.Generator().manual_seed(5)
+    out = session.model.generate(idx[None], 40, temperature=0.8, top_k=200, generator=generator)
+    assert shown and shown == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
+    assert page.inner_text("#sample-output .prompt-text") == PROMPT
+
+
+def test_stop_ends_a_long_sample_and_frees_the_model_for_the_next_request(page):
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "2000")
+    page.click("#sample-run")
+    page.wait_for_function("document.querySelector('#sample-output .gen-text')?.textContent.length > 0")
+    page.click("#sample-stop")
+    page.wait_for_selector("#sample-status:has-text('stopped')")
+    assert len(page.inner_text("#sample-output .gen-text")) < 2000
+    page.click("button[data-tab=attention]")  # needs the model's lock, which the stopped stream held
+    page.wait_for_selector("#attn-status:has-text('layer 0')", timeout=20_000)
+
+
+def shown_row(page, head: int, query: int) -> tuple[list[float], list[str]]:
+    """Click `query` in head's strip; return the weights the page shows on keys 0..query and their titles."""
+    strip = page.locator(f"#attn-strips .strip[data-head='{head}']")
+    strip.locator(f".tok[data-key='{query}']").click()
+    page.wait_for_selector(f"#attn-strips .strip[data-head='{head}'] .tok.query[data-key='{query}']")
+    keys = strip.locator(".tok")
+    weights = [float(keys.nth(k).get_attribute("data-weight")) for k in range(query + 1)]
+    titles = [keys.nth(k).get_attribute("title") for k in range(query + 1)]
+    assert "future" in keys.nth(query + 1).get_attribute("class"), "keys after the query are masked"
+    return weights, titles
+
+
+def hovered_readout(page, head: int, query: int, key: int) -> str:
+    """Hover the map's cell (query, key) and return the readout the page shows for it."""
+    canvas = page.locator(f"#attn-maps canvas[data-head='{head}']")
+    cell, margin = float(canvas.get_attribute("data-cell")), float(canvas.get_attribute("data-margin"))
+    canvas.hover(position={"x": margin + (key + 0.5) * cell, "y": margin + (query + 0.5) * cell})
+    text = page.inner_text("#attn-readout")
+    assert f"query {query} " in text and f"key {key} " in text, text
+    return text
+
+
+def test_switching_layer_and_head_shows_that_heads_row(page, session):
+    fill_prompt(page, PROMPT)
+    page.click("button[data-tab=attention]")
+    page.wait_for_selector("#attn-status:has-text('layer 0')")
+    weights, _ = attention_maps(session.model, session.encode(PROMPT))  # (n_layer, n_head, T, T)
+    query = 7
+    seen = []
+    for layer, head in [(1, 1), (0, 0), (1, 0)]:
+        page.select_option("#attn-layer", str(layer))
+        page.wait_for_selector(f"#attn-status:has-text('layer {layer}')")
+        page.select_option("#attn-head", str(head))
+        page.wait_for_selector(f"#attn-maps canvas[data-head='{head}']")
+        shown, titles = shown_row(page, head, query)
+        expected = weights[layer, head, query, : query + 1].tolist()
+        assert shown == pytest.approx(expected, abs=1e-6)
+        assert titles[3] == f"key 3 “␣”: {expected[3]:.6f}"
+        assert hovered_readout(page, head, query, 4).endswith(f"weight {expected[4]:.6f}")
+        seen.append(shown)
+    assert seen[0] != pytest.approx(seen[1], abs=1e-4), "two heads with the same row would not test the switch"
+    page.select_option("#attn-head", "all")
+    assert page.locator("#attn-maps canvas").count() == 2 and page.locator("#attn-strips .strip").count() == 2
+
+
+@torch.no_grad()
+def test_a_head_switched_off_shows_the_loss_head_gates_gives(page, session):
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "20")
+    page.click("button[data-tab=intervene]")
+    page.click(".head-toggle[data-layer='1'][data-head='0']")
+    assert page.inner_text("#heads-off-list") == "L1 H0"
+    page.click("#intervene-run")
+    page.wait_for_selector("#col-ablated .loss")
+    idx = session.encode(PROMPT)[None]
+    model = session.model
+    full = float(F.cross_entropy(model(idx)[0][0, :-1], idx[0, 1:]))
+    with head_gates(model, gates_without(model, [(1, 0)])):
+        ablated = float(F.cross_entropy(model(idx)[0][0, :-1], idx[0, 1:]))
+    shown_full = page.inner_text("#col-full .loss").split()[0]
+    shown_ablated = page.inner_text("#col-ablated .loss").split()[0]
+    assert (shown_full, shown_ablated) == (f"{full:.4f}", f"{ablated:.4f}")
+    assert shown_full != shown_ablated
+    assert page.locator("#col-ablated .bar").count() == 10 and page.inner_text("#col-ablated .gen-text")
+
+
+def test_a_bad_prompt_shows_a_message_and_the_server_still_answers(page):
+    fill_prompt(page, "the KING")
+    page.click("#sample-run")
+    message = page.wait_for_selector("#message:not([hidden])")
+    assert re.fullmatch(
+        r"the prompt cannot be encoded: characters 'G', 'I', 'K', 'N' are not in the char vocabulary "
+        r"\(\d+ characters\)",
+        message.inner_text().removesuffix("×").strip(),
+    )
+    assert "Traceback" not in page.content()
+    fill_prompt(page, PROMPT)
+    page.click("#sample-run")
+    page.wait_for_selector("#sample-status:has-text('done')", timeout=30_000)
+    assert page.locator("#message").is_hidden() and page.inner_text("#sample-output .gen-text")
+
+
+def test_runs_tab_shows_curves_and_the_sweep_table_and_a_missing_run(page, sweep_dir):
+    page.click("button[data-tab=runs]")
+    assert page.input_value("#runs-path") == str(sweep_dir / "h2"), "prefilled with the model's run"
+    page.click("#runs-form button")
+    page.wait_for_selector("#runs-chart path[data-series='val/loss']")
+    assert page.locator("#runs-chart path[data-series='train/loss']").count() == 1
+    page.fill("#runs-path", str(sweep_dir))
+    page.click("#runs-form button")
+    page.wait_for_selector("#runs-tables table.data")
+    header = page.locator("#runs-tables table.data tr").first.inner_text()
+    assert header.split("\t")[:2] == ["n_head", "d_k"]
+    assert page.locator("#runs-tables table.data tr").nth(1).inner_text().split("\t")[:2] == ["2", "16"]
+    page.fill("#runs-path", str(sweep_dir / "missing"))
+    page.click("#runs-form button")
+    assert "does not exist" in page.wait_for_selector("#message:not([hidden])").inner_text()
+
+
+def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, session, tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a checkpoint at all")
+    page.fill("#load-path", str(bad))
+    page.click("#load-form button")
+    assert "is corrupt or not a safetensors file" in page.wait_for_selector("#message:not([hidden])").inner_text()
+    assert str(session.checkpoint) in page.inner_text("#model-info")
+
+
+def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
+    """`python scripts/lab.py RUN --port 0` as a user runs it: the printed URL opens the page on that run."""
+    process = subprocess.Popen(
+        [sys.executable, "scripts/lab.py", str(sweep_dir / "h2"), "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert url and int(url.group(1)) > 0, (line, process.stderr.read() if process.poll() is not None else "")
+        page = browser.new_page()
+        page.goto(url.group(0))
+        assert "best.safetensors" in page.wait_for_selector("#model-info b").inner_text()
+        page.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, "Ctrl-C stops the server cleanly"

@@ -1,0 +1,175 @@
+"""The lab's server side without a browser: the prompt loss against head_gates, checkpoint resolution,
+the Runs view, and the HTTP API's errors (JSON, one line, and the server keeps answering)."""
+
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis.head_mask import gates_without, head_gates
+from data.tokenizer import CharTokenizer
+from lab import api, runs
+from lab.measures import next_token_top, prompt_loss
+from lab.server import STATIC, make_server, url_of
+from lab.session import LabSession, resolve_checkpoint
+from model import GPT, GPTConfig
+from training.checkpoint import save_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CHARS = "\n abcdefghijklmnopqrstuvwxyz"
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    """A random 2-layer, 2-head char model saved with the header fields a real run writes."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, d_model=32)
+    meta = {"step": 7, "config": {"model": asdict(config), "data": {}}, "tokenizer": CharTokenizer(CHARS).to_meta()}
+    return save_checkpoint(path, GPT(config), None, meta)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("lab") / "run"
+    tiny_checkpoint(run / "checkpoints" / "step_0000007.safetensors")
+    lines = [{"step": 5, "train/loss": 3.3}, {"step": 10, "train/loss": 3.1, "val/loss": 3.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return run
+
+
+@pytest.fixture(scope="module")
+def session(run_dir: Path) -> LabSession:
+    return LabSession(run_dir)
+
+
+@pytest.fixture(scope="module")
+def url(session: LabSession):
+    server = make_server(session)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield url_of(server)
+    server.shutdown()
+    server.server_close()
+
+
+def post(url: str, path: str, body: dict | bytes) -> tuple[int, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path.lstrip("/"), data=data), timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@torch.no_grad()
+def test_prompt_loss_is_the_mean_next_token_cross_entropy_with_and_without_gates(session):
+    model, idx = session.model, session.encode("the king is not what thou art")
+    logits, _ = model(idx[None])
+    by_hand = F.cross_entropy(logits[0, :-1], idx[1:])
+    assert prompt_loss(model, idx) == pytest.approx(float(by_hand), abs=1e-6)
+    gates = gates_without(model, [(1, 0)])
+    with head_gates(model, gates):
+        logits, _ = model(idx[None])
+    gated = float(F.cross_entropy(logits[0, :-1], idx[1:]))
+    assert prompt_loss(model, idx, gates) == pytest.approx(gated, abs=1e-6)
+    assert abs(gated - float(by_hand)) > 1e-5, "switching a head off should change the loss"
+    assert prompt_loss(model, idx) == pytest.approx(float(by_hand), abs=1e-6), "the gates must not outlive the call"
+
+
+def test_prompt_loss_and_top_tokens_check_their_input(session):
+    model = session.model
+    with pytest.raises(ValueError, match="needs 2 to block_size=32"):
+        prompt_loss(model, session.encode("a"))
+    top = next_token_top(model, session.encode("the"), k=5)
+    assert len(top) == 5 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
+
+
+def test_resolve_checkpoint_prefers_best_then_the_newest_step(tmp_path, run_dir):
+    assert resolve_checkpoint(run_dir).name == "step_0000007.safetensors"
+    run = tmp_path / "run"
+    for name in ("step_0000010.safetensors", "step_0000020.safetensors"):
+        tiny_checkpoint(run / "checkpoints" / name)
+    assert resolve_checkpoint(run).name == "step_0000020.safetensors"
+    tiny_checkpoint(run / "checkpoints" / "best.safetensors")
+    assert resolve_checkpoint(run).name == "best.safetensors"
+    assert resolve_checkpoint(run / "checkpoints" / "step_0000010.safetensors").name == "step_0000010.safetensors"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="has no checkpoints"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
+    view = runs.view(run_dir)
+    assert view["kind"] == "run"
+    assert view["runs"][0]["curves"] == {"train/loss": [(5, 3.3), (10, 3.1)], "val/loss": [(10, 3.2)]}
+    text = "| a | b |\n|---|---:|\n| x \\| y | 2 |"
+    assert runs.markdown_rows(text) == [["a", "b"], ["x | y", "2"]]
+    with pytest.raises(FileNotFoundError, match="no runs under"):
+        runs.view(run_dir / "checkpoints")
+
+
+def test_sampling_settings_are_checked_with_one_line_errors():
+    assert api.sampling_settings({"top_k": "", "top_p": "0.9"})["top_k"] is None
+    with pytest.raises(ValueError, match=r"top_p=1\.5 is invalid"):
+        api.sampling_settings({"top_p": 1.5})
+    with pytest.raises(ValueError, match="max_tokens=99999 is invalid"):
+        api.sampling_settings({"max_tokens": 99999})
+    with pytest.raises(ValueError, match="seed='x' is not an integer"):
+        api.sampling_settings({"seed": "x"})
+
+
+def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
+    status, body = post(url, "/api/sample", {"prompt": "the KING"})
+    assert status == 400 and json.loads(body) == {
+        "error": "the prompt cannot be encoded: characters 'G', 'I', 'K', 'N' are not in the char vocabulary "
+        f"({len(CHARS)} characters)"
+    }
+    assert post(url, "/api/attention", b"{not json")[0] == 400
+    assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
+        400,
+        json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
+    )
+    monkeypatch.setitem(api.ROUTES, "/api/attention", lambda session, body: 1 / 0)
+    status, body = post(url, "/api/attention", {})
+    assert status == 500 and json.loads(body) == {"error": "internal error: division by zero"}
+    status, body = post(url, "/api/nope", {})
+    assert status == 404 and "no API" in json.loads(body)["error"]
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(url + "static/..%2Fsession.py", timeout=30)
+    status, body = post(url, "/api/sample", {"prompt": "the king", "max_tokens": 12, "temperature": 0})
+    records = [json.loads(line) for line in body.decode().splitlines()]
+    assert status == 200 and records[0] == {"prompt_tokens": 8} and records[-1] == {"done": True}
+    assert len("".join(r["text"] for r in records[1:-1])) == 12
+
+
+def test_streamed_sample_equals_generate_with_the_same_seed(session):
+    idx = session.encode("the king")
+    settings = api.sampling_settings({"max_tokens": 20, "seed": 3})
+    streamed = "".join(api.stream_text(session, idx, settings))
+    generator = torch.Generator().manual_seed(3)
+    out = session.model.generate(idx[None], 20, temperature=0.8, top_k=200, generator=generator)
+    assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
+
+
+def test_the_page_loads_nothing_from_outside():
+    """Offline by construction: no URL in the static files, and every file index.html names is there."""
+    for path in STATIC.iterdir():
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)|//cdn", path.read_text()), path.name
+    named = re.findall(r'(?:src|href)="/static/([^"]+)"', (STATIC / "index.html").read_text())
+    assert sorted(named) == sorted(p.name for p in STATIC.iterdir() if p.name != "index.html")
+
+
+def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path):
+    from scripts.lab import main
+
+    with pytest.raises(SystemExit, match=r"^error: .*missing' does not exist; give a checkpoint file or a run"):
+        main([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match=r"^error: --port 99999 is invalid; it must be 0 to 65535"):
+        main([str(tmp_path), "--port", "99999"])
