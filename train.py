@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> float | None:
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
-    if info.is_main:
+    if info.is_main and not multirun:  # a sweep ends with its own hint (training.cli.SweepHint)
         if auto_named:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         print(cli.closing_lines(Path(train_cfg.out_dir), metrics), file=sys.stderr)
@@ -71,5 +71,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help stays under --hydra-help
+        print(cli.help_text(Path(__file__).parent / "configs"))
+        sys.exit(0)
     sys.argv = distributed.hydra_argv(sys.argv, distributed.env_info())
     main()

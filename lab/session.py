@@ -15,25 +15,8 @@ from data import Tokenizer, tokenizer_from_meta
 from model import GPT
 from scripts.sample import encode_prompt
 from training.checkpoint import load_model
-from training.device import resolve_device
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as is; a run directory means RUN/checkpoints/best.safetensors, else its newest step."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
-    folder = path / "checkpoints"
-    if (folder / "best.safetensors").is_file():
-        return folder / "best.safetensors"
-    steps = sorted(folder.glob("step_*.safetensors"))
-    if not steps:
-        raise FileNotFoundError(
-            f"run directory {str(path)!r} has no checkpoints/best.safetensors or step_*.safetensors"
-        )
-    return steps[-1]  # zero-padded step numbers: the last name is the newest step
+from training.run_dir import find_checkpoint as resolve_checkpoint
+from training.runtime import resolve_device
 
 
 def run_dir_of(source: Path, checkpoint: Path) -> Path | None:

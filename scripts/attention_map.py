@@ -25,8 +25,8 @@ from analysis.attention import attention_maps, token_label
 from analysis.run_plots import image_path
 from data.tokenizer import tokenizer_from_meta
 from model.generate import encode_prompt
-from scripts.sample import resolve_checkpoint
 from training.checkpoint import load_model
+from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.runtime import resolve_device
 from training.schema_help import OneLineParser
 

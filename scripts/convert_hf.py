@@ -29,8 +29,8 @@ from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
 from model.hf_tokenizer import read_char_tokenizer, save_hf_tokenizer
-from scripts.sample import resolve_checkpoint
 from training.checkpoint import load_model, save_checkpoint
+from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.schema_help import OneLineParser
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes

@@ -37,6 +37,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from data.tokenizer import tokenizer_from_meta
 from training.checkpoint import load_model
+from training.run_dir import find_checkpoint
 
 log = logging.getLogger("head_importance")
 WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
@@ -49,15 +50,6 @@ PANELS = {  # key in the results -> heatmap title
     "first_position": "attention mass on position 0",
     "previous_token": "attention on the previous token",
 }
-
-
-def checkpoint_path(path: Path) -> Path:
-    """A checkpoint file, or a run directory's checkpoints/best.safetensors."""
-    if path.is_dir():
-        path = path / "checkpoints" / "best.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist; give a .safetensors file or a run directory")
-    return path
 
 
 def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None) -> list[tuple]:
@@ -206,7 +198,7 @@ def write_head_importance(target: Path, out: Path, tokens: int, device: str, tex
         raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
     if out.exists() and not out.is_dir():
         raise FileNotFoundError(f"--out {str(out)!r} is a file; give a directory")
-    results = analyse(checkpoint_path(target), tokens, device, text)
+    results = analyse(find_checkpoint(target), tokens, device, text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "head_importance.json").write_text(json.dumps(results, indent=1) + "\n")
     plot_heatmaps(results, out / "head_heatmaps.png")

@@ -32,12 +32,12 @@ from data import Tokenizer, tokenizer_from_meta
 from model.generate import check_context_length, encode_prompt, stream_text
 from model.sampling import SamplingParams
 from training.checkpoint import load_model
+from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.runtime import resolve_device
 from training.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
 
 SEPARATOR = "\n---------------\n"
 CLI_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "stop_token"]  # --stop-at-eot
-STEP_FILE = re.compile(r"step_(\d+)\.safetensors")
 
 
 @dataclass
@@ -161,22 +161,6 @@ def parse_args(argv: list[str]) -> SampleConfig:
 
 
 # --- loading and sampling ---
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given; a run directory -> its best checkpoint, else its newest step one."""
-    path = Path(path)
-    if not path.is_dir():
-        return path  # load_checkpoint names a missing file
-    for folder in (path / "checkpoints", path):
-        if (folder / "best.safetensors").is_file():
-            return folder / "best.safetensors"
-        steps = [(int(m.group(1)), p) for p in folder.glob("step_*.safetensors") if (m := STEP_FILE.fullmatch(p.name))]
-        if steps:
-            return max(steps)[1]
-    raise FileNotFoundError(
-        f"{str(path)!r} holds no checkpoint (no checkpoints/best.safetensors or checkpoints/step_*.safetensors)"
-    )
 
 
 def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:

@@ -76,7 +76,7 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any]) -> str:
             f"  best checkpoint: {best}",
             f'  sample:   python scripts/sample.py {out} "ROMEO:"',
             f"  continue: {continue_command(str(out_dir))} max_steps=N  (or budget_s=SECONDS)",
-            f"  plots:    python scripts/plot_run.py {out}",
+            f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]
     )
 
@@ -90,3 +90,28 @@ class SweepHint(Callback):
             f"sweep done: {config.hydra.sweep.dir}\n  report: python scripts/ablation_report.py {sweep}",
             file=sys.stderr,
         )
+
+
+def help_text(config_dir: Path) -> str:
+    """`python train.py --help`: the config groups and their options, then every key of the schema with
+    its type, default and meaning, generated from the dataclasses (so it cannot drift from them)."""
+    from training.config import TrainConfig
+    from training.schema_help import render_help
+
+    groups = sorted(d for d in config_dir.iterdir() if d.is_dir())
+    lines = [
+        "usage: python train.py [GROUP=OPTION ...] [KEY=VALUE ...]   (Hydra overrides; -m sweeps comma lists)",
+        "",
+        "config groups (GROUP=OPTION; +GROUP=OPTION for experiment and debug):",
+        *[f"  {g.name:<12}{', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups],
+        "",
+        "keys (KEY=VALUE), with their defaults:",
+        render_help(TrainConfig),
+        "",
+        "examples:",
+        "  python train.py                             # the default model on Shakespeare, a few minutes on a CPU",
+        "  python train.py model.n_head=8 model.d_k=16 budget_s=120",
+        "  python train.py out_dir=runs/a resume=auto  # start, or continue, the run in runs/a",
+        "  python train.py --cfg job                   # print the resolved config and exit",
+    ]
+    return "\n".join(lines)

@@ -104,6 +104,10 @@ class TrainConfig:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    # A sweep job keeps Hydra's .hydra/ (the ablation report finds a job that failed at start-up by it);
+    # a single run writes only its own RUN/config.yaml, and nothing before its checks pass.
+    if not OmegaConf.has_resolver("job_subdir"):
+        OmegaConf.register_new_resolver("job_subdir", lambda mode: ".hydra" if "MULTIRUN" in str(mode) else None)
 
 
 def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:

@@ -46,15 +46,16 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
             )
 
 
-def check_prompt(data: PreparedData, prompt: str, sample_tokens: int) -> None:
-    """The end-of-run sample's prompt must be encodable, checked now rather than after training."""
-    if sample_tokens > 0:
-        try:
-            data.tokenizer.encode(prompt)
-        except (KeyError, ValueError) as e:
-            raise ValueError(
-                f"sample_prompt={prompt!r} cannot be encoded by the {data.tokenizer_meta['name']} tokenizer ({e})"
-            ) from None
+def check_prompt(data: PreparedData, prompt: str, sample_tokens: int) -> list[int]:
+    """The end-of-run sample's prompt ids, checked now rather than after training ([] when no sample)."""
+    from model.generate import encode_prompt
+
+    if sample_tokens == 0:
+        return []
+    try:
+        return encode_prompt(data.tokenizer, prompt, data.vocab_size)
+    except ValueError as e:
+        raise ValueError(f"sample_prompt={prompt!r}: {e}") from None
 
 
 def check_fits_in_memory(model: GPTConfig, device: torch.device) -> None:

@@ -242,6 +242,25 @@ def trim_metrics(path: Path, step: int) -> None:
     atomic_write_bytes(path, "".join(kept).encode())
 
 
+def find_checkpoint(path: str | Path) -> Path:
+    """What a user means by a checkpoint: a file as given; a run directory (or `outputs/latest`) means
+    RUN/checkpoints/best.safetensors, else its newest step checkpoint."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
+        return path
+    for folder in (path / "checkpoints", path):
+        if (folder / BEST).is_file():
+            return folder / BEST
+        steps = [p for p in folder.glob("step_*.safetensors") if checkpoint_step(p) is not None]
+        if steps:
+            return max(steps, key=lambda p: checkpoint_step(p) or -1)
+    raise FileNotFoundError(
+        f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
+    )
+
+
 def newest_run(root: Path) -> Path | None:
     """The most recently written run under `root` that holds a step checkpoint (for error hints)."""
     runs = [p.parent.parent for p in Path(root).glob("**/checkpoints/step_*.safetensors")]
@@ -257,4 +276,3 @@ def point_latest(root: Path, run: Path) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
     os.replace(tmp, link)
-

@@ -24,6 +24,8 @@ from data.batches import eval_batches, sample_batch
 from data.prepare import PreparedData
 from data.prepare import prepare as prepare_data
 from model import GPT
+from model.generate import stream_text
+from model.sampling import SamplingParams
 from training import checkpoint as ckpt_io
 from training import distributed, fairness
 from training.batch_layout import batch_layout
@@ -77,6 +79,7 @@ class Trainer:
         self.state = RunState()
         self.checkpoints: CheckpointDir | None = None  # set by train(); a bare Trainer saves nothing
         self.resume_path: Path | None = None
+        self.sample_prompt_ids: list[int] = []  # checked before training (guards.check_prompt)
         self.val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
         self.metrics: dict[str, float] = {}  # the last evaluation's
 
@@ -364,6 +367,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if trainer.checkpoints is None:  # resumed a finished run: its records stay as they are
                 return trainer.metrics
             metrics = trainer.fit(start_records(trainer, resumed), resumed)
+            if dist.is_main:
+                plot_run(Path(cfg.out_dir))
             if cfg.sample_tokens > 0:
                 print_sample(trainer)
             return metrics
@@ -380,9 +385,10 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     check_data_fits(data, cfg.model, cfg.batch_size)
     if cfg.model.vocab_size is None:
         cfg.model.vocab_size = data.vocab_size
-    check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
+    prompt_ids = check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
     check_fits_in_memory(cfg.model, device)
     trainer = Trainer(cfg, data, device, dist)
+    trainer.sample_prompt_ids = prompt_ids
     resumed = trainer.restore(resume_path) if resume_path is not None else None
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
@@ -437,11 +443,20 @@ def print_sample(trainer: Trainer) -> None:
     )
 
     def show() -> None:
-        tok = trainer.data.tokenizer
-        idx = torch.tensor([tok.encode(cfg.sample_prompt) or [tok.eot_id]], device=trainer.device)
-        generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed)
         model.to(trainer.device).eval()
-        out = model.generate(idx, cfg.sample_tokens, temperature=0.8, top_k=200, generator=generator)
-        print(f"\n--- sample ---\n{tok.decode(out[0].tolist())}\n--------------")
+        params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
+        ids = trainer.sample_prompt_ids
+        text = "".join(stream_text(model, trainer.data.tokenizer, ids, params, trainer.device))
+        print(f"\n--- sample ---\n{cfg.sample_prompt}{text}\n--------------")
 
     distributed.on_main(show, trainer.dist)
+
+
+def plot_run(out_dir: Path) -> None:
+    """RUN/plots.png: losses, lr and tokens/s against step and wall time (scripts/plot_run.py)."""
+    from analysis.run_plots import plot_runs
+
+    try:
+        plot_runs([out_dir], out_dir / "plots.png")
+    except (OSError, ValueError) as e:  # a plot is a convenience: it never fails a finished run
+        log.warning("no plots.png: %s", e)
