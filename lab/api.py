@@ -14,8 +14,8 @@ from analysis.head_mask import gates_without
 from lab import runs
 from lab.measures import attention_layer, float32_base64, gated, next_token_top, prompt_loss
 from lab.session import LabSession
-from model.sampling import check_sampling_args
-from scripts.sample import write_new_text
+from model.generate import stream_text
+from model.sampling import SamplingParams
 
 MAX_NEW_TOKENS = 2000
 
@@ -31,60 +31,21 @@ def optional_number(body: dict, key: str, kind: type, default: Any) -> Any:
         raise ValueError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
-def sampling_settings(body: dict) -> dict[str, Any]:
-    """temperature, top_k, top_p, seed, max_tokens from a request, checked like scripts/sample.py's."""
+def sampling_settings(body: dict) -> SamplingParams:
+    """temperature, top_k, top_p, seed, max_tokens from a request, checked by SamplingParams itself (the
+    rules scripts/sample.py applies)."""
     temperature = optional_number(body, "temperature", float, 0.8)
-    top_k = optional_number(body, "top_k", int, 200)
-    top_p = optional_number(body, "top_p", float, None)
-    seed = optional_number(body, "seed", int, 1337)
     max_tokens = optional_number(body, "max_tokens", int, 200)
-    check_sampling_args(0.0 if temperature is None else temperature, top_k, top_p)
-    if max_tokens is None or not 0 <= max_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"max_tokens={max_tokens} is invalid; it must be 0 to {MAX_NEW_TOKENS}")
-    return {
-        "temperature": temperature or 0.0,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": 1337 if seed is None else seed,
-        "max_tokens": max_tokens,
-    }
-
-
-class TextChunks:
-    """A TextIO stand-in that collects what write_new_text writes, so the page gets the same text as the CLI."""
-
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-
-    def write(self, text: str) -> None:
-        self.pieces.append(text)
-
-    def flush(self) -> None:
-        pass
-
-
-def stream_text(session: LabSession, idx: torch.Tensor, settings: dict[str, Any]) -> Iterator[str]:
-    """The sample's new text, piece by piece, through the KV cache; the caller holds the lock."""
-    generator = torch.Generator(device=session.device).manual_seed(settings["seed"])
-    ids: list[int] = []
-    printed = ""
-    out = TextChunks()
-    tokens = session.model.stream(
-        idx[None],
-        settings["max_tokens"],
-        temperature=settings["temperature"],
-        top_k=settings["top_k"],
-        top_p=settings["top_p"],
-        generator=generator,
+    if max_tokens is None or not 1 <= max_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_tokens={max_tokens} is invalid; it must be 1 to {MAX_NEW_TOKENS}")
+    seed = optional_number(body, "seed", int, 1337)
+    return SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=temperature or 0.0,
+        top_k=optional_number(body, "top_k", int, 200),
+        top_p=optional_number(body, "top_p", float, None),
+        seed=1337 if seed is None else seed,
     )
-    for next_id in tokens:
-        ids.append(int(next_id[0]))
-        printed = write_new_text(out, session.tokenizer, ids, printed)
-        while out.pieces:
-            yield out.pieces.pop(0)
-    rest = session.tokenizer.decode(ids)[len(printed) :]
-    if rest:
-        yield rest
 
 
 def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
@@ -94,7 +55,8 @@ def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
 
     def records() -> Iterator[dict]:
         with session.lock:
-            for piece in stream_text(session, idx, settings):
+            ids = idx.tolist()
+            for piece in stream_text(session.model, session.tokenizer, ids, settings, session.device):
                 yield {"text": piece}
 
     return {"prompt_tokens": int(idx.shape[0])}, records()

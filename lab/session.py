@@ -13,7 +13,7 @@ import torch
 
 from data import Tokenizer, tokenizer_from_meta
 from model import GPT
-from scripts.sample import encode_prompt
+from model.generate import encode_prompt
 from training.checkpoint import load_model
 from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.runtime import resolve_device

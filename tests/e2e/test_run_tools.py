@@ -1,7 +1,12 @@
 """The tools on a real run: train.py writes a tiny run, then sample.py, convert_hf.py (into a transformers
 pipeline), plot_run.py and attention_map.py all take the run directory itself."""
 
+import hashlib
+import os
+from pathlib import Path
+
 import pytest
+import torch
 
 from data.tokenizer import EOT_TEXT
 from scripts.attention_map import main as attention_main
@@ -53,21 +58,66 @@ def test_plot_run_and_attention_map_take_the_run_directory(run_dir, tmp_path, ca
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
 
 
-def test_each_tool_run_as_a_file_prints_one_error_line_and_no_traceback(run_dir, tmp_path):
-    (tmp_path / "some_file.txt").write_text("mine")
-    (tmp_path / "folder").mkdir()
-    cases = [
-        (["scripts/convert_hf.py", "export", str(run_dir), str(tmp_path / "some_file.txt")], "is an existing file"),
-        (["scripts/convert_hf.py", "import", str(tmp_path / "folder"), str(tmp_path / "x.safetensors")], "no config"),
-        (["scripts/attention_map.py", str(run_dir), "--device", "foo"], "device='foo' is invalid"),
-        (["scripts/attention_map.py", str(run_dir), "--out", str(tmp_path / "folder")], "is a directory"),
-        (["scripts/plot_run.py", str(tmp_path / "folder")], "is not a run directory"),
-        (["scripts/sample.py", str(run_dir), "x", "temperature=inf"], "temperature=inf is invalid"),
-    ]
-    before = {p: p.stat().st_mtime_ns for p in [*tmp_path.rglob("*"), *run_dir.rglob("*")]}
-    for args, message in cases:
-        done = run_cli(args, timeout=120)
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode in (1, 2) and done.stdout == "", args
-        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr[-2000:]
-    assert {p: p.stat().st_mtime_ns for p in [*tmp_path.rglob("*"), *run_dir.rglob("*")]} == before
+def tree(*roots: Path) -> dict[str, str]:
+    """sha256 of every file under the roots (symlinks by target): what "byte-identical" compares."""
+    out = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.is_symlink():
+                out[str(p)] = "-> " + os.readlink(p)
+            elif p.is_file() and p.name != ".lock":
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+            elif p.is_dir():
+                out[str(p)] = "dir"
+    return out
+
+
+# Every CLI over a table of bad inputs ({run}: the finished run, {tmp}: a scratch folder holding
+# some_file.txt, folder/, bad.bin (random bytes) and pickle.bin (a torch.save file)).
+BAD_INPUTS = [
+    (["train.py", "out_dir={run}"], "already holds another run's files"),
+    (["train.py", "out_dir={run}", "model.n_head=3"], "must be divisible by model.n_head (3)"),
+    (["train.py", "out_dir={run}", "optim.lr=-1"], "optim.lr=-1.0 is invalid"),
+    (["train.py", "out_dir={run}", "+model.nhead=4"], "unknown config key model.nhead"),
+    (["train.py", "out_dir={run}", "seed=-1"], "seed=-1 is invalid"),
+    (["train.py", "out_dir={run}", "resume={tmp}/bad.bin"], "is corrupt or not a safetensors file"),
+    (["train.py", "out_dir={run}", "resume={tmp}/pickle.bin"], "is a pickle/torch.save file"),
+    (["train.py", "out_dir={tmp}/some_file.txt"], "is a file, not a directory"),
+    (["scripts/sample.py", "{run}", "x", "--temperature", "nan"], "temperature=nan is invalid"),
+    (["scripts/sample.py", "{run}", "x", "temperature=inf"], "temperature=inf is invalid"),
+    (["scripts/sample.py", "{run}", "x", "--context-length", "0"], "context_length"),
+    (["scripts/sample.py", "{run}", "ZZ@"], "not in the char vocabulary"),
+    (["scripts/sample.py", "{tmp}/pickle.bin", "x"], "is a pickle/torch.save file"),
+    (["scripts/sample.py", "{tmp}/folder", "x"], "holds no checkpoint"),
+    (["scripts/sample.py", "{run}", "x", "--no-such-flag"], "unrecognized arguments"),
+    (["scripts/convert_hf.py", "export", "{run}", "{tmp}/some_file.txt"], "is an existing file"),
+    (["scripts/convert_hf.py", "import", "{tmp}/folder", "{tmp}/x.safetensors"], "no config"),
+    (["scripts/attention_map.py", "{run}", "--device", "foo"], "device='foo' is invalid"),
+    (["scripts/attention_map.py", "{run}", "--out", "{tmp}/folder"], "is a directory"),
+    (["scripts/attention_map.py", "{run}", "--out", "{tmp}/some_file.txt/x.png"], "some_file.txt"),
+    (["scripts/ablation_report.py", "{tmp}/some_file.txt"], "is a file"),
+    (["scripts/ablation_report.py", "{tmp}/missing"], "does not exist"),
+    (["scripts/plot_run.py", "{tmp}/folder"], "is not a run directory"),
+]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("scratch")
+    (tmp / "some_file.txt").write_text("mine")
+    (tmp / "folder").mkdir()
+    (tmp / "bad.bin").write_bytes(bytes(range(256)) * 8)
+    torch.save({"weights": torch.zeros(2)}, tmp / "pickle.bin")
+    return tmp
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[" ".join(a[:3]) for a, _ in BAD_INPUTS])
+def test_every_cli_refuses_bad_input_in_one_line_and_changes_nothing(run_dir, scratch, args, message):
+    before = tree(run_dir, scratch)
+    argv = [a.format(run=run_dir, tmp=scratch) for a in args]
+    done = run_cli(argv, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and message in errors[0], done.stderr[-2000:]
+    assert tree(run_dir, scratch) == before

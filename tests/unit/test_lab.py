@@ -101,7 +101,7 @@ def test_resolve_checkpoint_prefers_best_then_the_newest_step(tmp_path, run_dir)
     assert resolve_checkpoint(run / "checkpoints" / "step_0000010.safetensors").name == "step_0000010.safetensors"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_checkpoint(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="has no checkpoints"):
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         resolve_checkpoint(tmp_path)
 
 
@@ -116,7 +116,7 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
 
 
 def test_sampling_settings_are_checked_with_one_line_errors():
-    assert api.sampling_settings({"top_k": "", "top_p": "0.9"})["top_k"] is None
+    assert api.sampling_settings({"top_k": "", "top_p": "0.9"}).top_k is None
     with pytest.raises(ValueError, match=r"top_p=1\.5 is invalid"):
         api.sampling_settings({"top_p": 1.5})
     with pytest.raises(ValueError, match="max_tokens=99999 is invalid"):
@@ -152,7 +152,7 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
 def test_streamed_sample_equals_generate_with_the_same_seed(session):
     idx = session.encode("the king")
     settings = api.sampling_settings({"max_tokens": 20, "seed": 3})
-    streamed = "".join(api.stream_text(session, idx, settings))
+    streamed = "".join(api.stream_text(session.model, session.tokenizer, idx.tolist(), settings, session.device))
     generator = torch.Generator().manual_seed(3)
     out = session.model.generate(idx[None], 20, temperature=0.8, top_k=200, generator=generator)
     assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
