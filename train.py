@@ -19,7 +19,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import cli, distributed
+from cli import train_output as cli
+from training import distributed
 from training.config import register_configs, to_train_config
 from training.guards import RunInterrupted
 from training.loggers import log_to_file
@@ -63,7 +64,7 @@ def main(cfg: DictConfig) -> float | None:
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
-    if info.is_main and not multirun:  # a sweep ends with its own hint (training.cli.SweepHint)
+    if info.is_main and not multirun:  # a sweep ends with its own hint (cli.train_output.SweepHint)
         if auto_named:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         print(cli.closing_lines(Path(train_cfg.out_dir), metrics), file=sys.stderr)

@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from analysis.attention import attention_maps, token_label
 from analysis.run_plots import image_path
+from cli.schema_help import OneLineParser
 from data.tokenizer import tokenizer_from_meta
 from model.generate import encode_prompt
 from training.checkpoint import load_model
 from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.runtime import resolve_device
-from training.schema_help import OneLineParser
 
 log = logging.getLogger("attention_map")
 

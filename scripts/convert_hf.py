@@ -24,6 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
@@ -31,7 +32,6 @@ from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
 from model.hf_tokenizer import read_char_tokenizer, save_hf_tokenizer
 from training.checkpoint import load_model, save_checkpoint
 from training.run_dir import find_checkpoint as resolve_checkpoint
-from training.schema_help import OneLineParser
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
 

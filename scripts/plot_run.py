@@ -15,7 +15,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): mak
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.run_plots import plot_runs
-from training.schema_help import OneLineParser
+from cli.schema_help import OneLineParser
 
 
 def main(argv: list[str] | None = None) -> None:

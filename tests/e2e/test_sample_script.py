@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli.schema_help import show_default
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from model.sampling import SamplingParams
 from scripts.sample import SampleConfig, cli_fields, main, parse_args, resolve_checkpoint, sample
 from training.checkpoint import save_checkpoint
-from training.schema_help import show_default
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,10 +1,10 @@
-"""training/schema_help.py: help generated from dataclass schemas (names, types, defaults, comments)."""
+"""cli/schema_help.py: help generated from dataclass schemas (names, types, defaults, comments)."""
 
 import dataclasses
 from dataclasses import dataclass, field
 
+from cli.schema_help import render_help, schema_fields
 from training.config import TrainConfig
-from training.schema_help import render_help, schema_fields
 
 
 @dataclass

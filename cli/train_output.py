@@ -95,8 +95,8 @@ class SweepHint(Callback):
 def help_text(config_dir: Path) -> str:
     """`python train.py --help`: the config groups and their options, then every key of the schema with
     its type, default and meaning, generated from the dataclasses (so it cannot drift from them)."""
+    from cli.schema_help import render_help
     from training.config import TrainConfig
-    from training.schema_help import render_help
 
     groups = sorted(d for d in config_dir.iterdir() if d.is_dir())
     lines = [
