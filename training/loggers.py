@@ -1,5 +1,5 @@
 """What a run records: `metrics.jsonl` always and Weights & Biases unless turned off, `run_info.json`
-when training starts and `summary.json` when it ends.
+when training starts and `summary.json` when it ends, and the progress bar and throughput (`Meter`).
 
 A run directory with run_info.json but no summary.json crashed or is still running; the ablation
 report (analysis/sweep.py) lists such runs instead of dropping them.
@@ -10,12 +10,19 @@ import logging
 import netrc
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
 
 from model import GPT
 from training.checkpoint import atomic_write_bytes
+from training.runtime import peak_flops
+
+if TYPE_CHECKING:
+    from training.trainer import Clock, StepResult, Trainer
 
 RUN_INFO = "run_info.json"
 SUMMARY = "summary.json"
@@ -157,3 +164,77 @@ def log_to_file(path: Path) -> None:
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     root.addHandler(handler)
+
+
+class Meter:
+    """Logging around the loop: the progress bar, metrics.jsonl/wandb records, tokens/s and MFU."""
+
+    def __init__(self, trainer: "Trainer", logger: MetricsLogger | None) -> None:
+        cfg = trainer.cfg
+        self.logger, self.log_interval = logger, cfg.log_interval
+        self.tokens_per_step = trainer.tokens_per_step
+        self.peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
+        self.flops_per_token = trainer.model.flops_per_token()
+        self.throughputs: list[float] = []
+        self.train_seconds = 0.0
+        self.saved_step = self.step = trainer.state.step
+        self.by_time = bool(cfg.budget_s)  # under a budget the bar counts seconds, since steps are not known
+        self.bar = tqdm(
+            initial=int(trainer.state.elapsed_s) if self.by_time else self.step,
+            total=int(cfg.budget_s) if self.by_time else cfg.max_steps,
+            unit="s" if self.by_time else "step",
+            disable=not cfg.progress or not trainer.dist.is_main,
+            dynamic_ncols=True,
+            desc="train",
+        )
+        self.interval_start, self.interval_step = time.perf_counter(), self.step
+        self.val_loss: float | None = None
+
+    def step_done(self, result: "StepResult", clock: "Clock", last: bool) -> None:
+        self.step = step = self.step + 1
+        self.bar.update(int(clock.now()) - self.bar.n if self.by_time else 1)
+        now = time.perf_counter()
+        clock.step_s = (now - self.interval_start) / max(1, step - self.interval_step)
+        if step % self.log_interval and not last:
+            return
+        elapsed = now - self.interval_start
+        tok_s = self.tokens_per_step * (step - self.interval_step) / elapsed
+        mfu = self.flops_per_token * tok_s / self.peak
+        self.throughputs.append(tok_s)
+        self.train_seconds += elapsed
+        self.interval_start, self.interval_step = now, step
+        record = {"train/loss": result.loss, "train/grad_norm": result.grad_norm, "lr": result.lr}
+        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu, "time/elapsed_s": clock.now()}
+        if self.logger:
+            self.logger.log(record, step)
+        postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
+        if self.val_loss is not None:
+            postfix["val"] = f"{self.val_loss:.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+
+    def eval_done(self, metrics: dict[str, float], clock: "Clock") -> None:
+        self.val_loss = metrics["val/loss"]
+        if self.logger:
+            self.logger.log({**metrics, "time/elapsed_s": clock.now()}, self.step)
+        self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput
+
+    def finish(self, trainer: "Trainer") -> None:
+        if trainer.dist.is_main:
+            write_summary(
+                Path(trainer.cfg.out_dir),
+                trainer.metrics,
+                trainer.state.step,
+                trainer.state.best_val_loss,
+                self.throughputs,
+                self.train_seconds,
+                self.flops_per_token,
+                self.tokens_per_step,
+            )
+
+    def __enter__(self) -> "Meter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+        if self.logger:
+            self.logger.close()

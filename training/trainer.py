@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from data.batches import eval_batches, sample_batch
 from data.prepare import PreparedData
@@ -44,11 +43,11 @@ from training.guards import (
     nonfinite_error,
     read_step,
 )
-from training.loggers import MetricsLogger, log_to_file, write_config, write_run_info, write_summary
+from training.loggers import Meter, MetricsLogger, log_to_file, write_config, write_run_info
 from training.optim import build_optimizer, lr_at
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, RunLock, trim_metrics
-from training.runtime import autocast, compile_or_eager, peak_flops, resolve_device, resolve_precision
+from training.runtime import autocast, compile_or_eager, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +208,7 @@ class Trainer:
         Under a budget the run also stops early enough that its last evaluation and save still fit.
         """
         cfg = self.cfg
-        clock = Clock(self.state.elapsed_s, self.dist)
+        clock = Clock(self.state.elapsed_s, self.dist, agree=bool(cfg.budget_s))  # only a budget needs agreeing
         meter = Meter(self, logger)
         if resumed is not None:
             ckpt_io.restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
@@ -264,86 +263,13 @@ class Clock:
     """Training wall-clock, continued across resumes; ranks agree on it (rank 0's counts), so all stop
     at the same step. Keeps the last step's and the last evaluation's durations for the budget check."""
 
-    def __init__(self, already_s: float, dist: DistInfo) -> None:
-        self.start, self.already_s, self.dist = time.perf_counter(), already_s, dist
+    def __init__(self, already_s: float, dist: DistInfo, agree: bool) -> None:
+        self.start, self.already_s, self.dist, self.agree = time.perf_counter(), already_s, dist, agree
         self.step_s = self.eval_s = 0.0
 
     def now(self) -> float:
-        return distributed.max_over_ranks_float(self.already_s + time.perf_counter() - self.start, self.dist)
-
-
-class Meter:
-    """Logging around the loop: the progress bar, metrics.jsonl/wandb records, tokens/s and MFU."""
-
-    def __init__(self, trainer: Trainer, logger: MetricsLogger | None) -> None:
-        cfg = trainer.cfg
-        self.logger, self.log_interval = logger, cfg.log_interval
-        self.tokens_per_step = trainer.tokens_per_step
-        self.peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
-        self.flops_per_token = trainer.model.flops_per_token()
-        self.throughputs: list[float] = []
-        self.train_seconds = 0.0
-        self.saved_step = self.step = trainer.state.step
-        self.by_time = bool(cfg.budget_s)  # under a budget the bar counts seconds, since steps are not known
-        self.bar = tqdm(
-            initial=int(trainer.state.elapsed_s) if self.by_time else self.step,
-            total=int(cfg.budget_s) if self.by_time else cfg.max_steps,
-            unit="s" if self.by_time else "step",
-            disable=not cfg.progress or not trainer.dist.is_main,
-            dynamic_ncols=True,
-            desc="train",
-        )
-        self.interval_start, self.interval_step = time.perf_counter(), self.step
-        self.val_loss: float | None = None
-
-    def step_done(self, result: StepResult, clock: Clock, last: bool) -> None:
-        self.step = step = self.step + 1
-        self.bar.update(int(clock.now()) - self.bar.n if self.by_time else 1)
-        now = time.perf_counter()
-        clock.step_s = (now - self.interval_start) / max(1, step - self.interval_step)
-        if step % self.log_interval and not last:
-            return
-        elapsed = now - self.interval_start
-        tok_s = self.tokens_per_step * (step - self.interval_step) / elapsed
-        mfu = self.flops_per_token * tok_s / self.peak
-        self.throughputs.append(tok_s)
-        self.train_seconds += elapsed
-        self.interval_start, self.interval_step = now, step
-        record = {"train/loss": result.loss, "train/grad_norm": result.grad_norm, "lr": result.lr}
-        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu, "time/elapsed_s": clock.now()}
-        if self.logger:
-            self.logger.log(record, step)
-        postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
-        if self.val_loss is not None:
-            postfix["val"] = f"{self.val_loss:.3f}"
-        self.bar.set_postfix(postfix, refresh=False)
-
-    def eval_done(self, metrics: dict[str, float], clock: Clock) -> None:
-        self.val_loss = metrics["val/loss"]
-        if self.logger:
-            self.logger.log({**metrics, "time/elapsed_s": clock.now()}, self.step)
-        self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput
-
-    def finish(self, trainer: Trainer) -> None:
-        if trainer.dist.is_main:
-            write_summary(
-                Path(trainer.cfg.out_dir),
-                trainer.metrics,
-                trainer.state.step,
-                trainer.state.best_val_loss,
-                self.throughputs,
-                self.train_seconds,
-                self.flops_per_token,
-                self.tokens_per_step,
-            )
-
-    def __enter__(self) -> "Meter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.close()
-        if self.logger:
-            self.logger.close()
+        elapsed = self.already_s + time.perf_counter() - self.start
+        return distributed.max_over_ranks_float(elapsed, self.dist) if self.agree else elapsed
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
