@@ -76,7 +76,7 @@ class MemoryMeter:
     def peak_above_base(self) -> int:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated() - self.base
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
+        return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base)  # high-water mark
 
 
 class HFAdapter(torch.nn.Module):

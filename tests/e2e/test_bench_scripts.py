@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import bench_train
 from scripts.bench_train import measure, measure_interleaved
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +32,15 @@ def test_bench_attention_prints_a_row_per_dtype_and_length():
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_overrides):
+def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_overrides, monkeypatch):
+    # The real peak is measured by scripts/bench_peak.py; on a CPU that emulates bf16 it takes minutes.
+    monkeypatch.setattr(bench_train, "peak_flops", lambda device, precision: 1e9)
     job = {"overrides": tiny_run_overrides, "compile": False, "steps": 2, "warmup": 1}
     rows = measure_interleaved([job | {"backend": "explicit", "precision": "fp32"}, job | {"precision": "bf16"}])
     assert len(rows) == 2
     for r in rows:
-        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1.5 and 0 < r["batch_fraction"] < 1
+        assert r["tokens_per_s"] > 0 and 0 < r["batch_fraction"] < 1
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 3 * 2 * 28_000 / 1e9, rel=0.5)  # ~6N FLOPs/token
         assert r["step_s"] * r["tokens_per_s"] == pytest.approx(8 * 32)  # debug/tiny: batch 8 of 32 tokens
     alone = measure(job | {"backend": "auto", "precision": "bf16"})
     assert alone["peak_mem_mb"] >= 0 and alone["tokens_per_s"] > 0
