@@ -122,3 +122,18 @@ def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
     step, _, info = bench_train.prepare_row({"overrides": [], "precision": "fp32", "compile": False})
     step(0)
     assert calls == [cfg.optim.lr] and info["tokens_per_step"] == cfg.batch_size * cfg.model.block_size
+
+
+def test_split_loss_scores_every_token_once(tmp_path):
+    from training.evaluate import split_loss
+
+    trainer = tiny_trainer(tmp_path)
+    tokens = trainer.data.val[:101]  # 100 targets: three windows of 32 and one of 4
+    by_hand = 0.0
+    model = trainer.model.eval()
+    for start in range(0, 100, 32):
+        length = min(32, 100 - start)
+        x = torch.from_numpy(tokens[start : start + length].astype("int64"))[None]
+        y = torch.from_numpy(tokens[start + 1 : start + 1 + length].astype("int64"))[None]
+        by_hand += model(x, y)[1].item() * length
+    assert split_loss(model, tokens, 32, torch.device("cpu"), batch_size=2) == pytest.approx(by_hand / 100, rel=1e-6)

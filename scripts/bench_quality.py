@@ -1,0 +1,128 @@
+"""The best model per CPU-minute: recipes trained for the same whole-process wall-clock, side by side
+in one run, each scored on *every* token of the val split.
+
+    python scripts/bench_quality.py                          # the default vs nanoGPT's CPU baby GPT, 300 s each
+    python scripts/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default no_muon ...
+    python scripts/bench_quality.py --budget 300 -- data=shakespeare_gpt2   # Hydra overrides for every recipe
+
+Each recipe is `python train.py` with its overrides, `budget_s` set so the whole process (start-up,
+data, training, the last evaluation and save) fits the budget; the process's wall-clock is measured
+from outside. The score is the best checkpoint's mean loss over non-overlapping windows covering the
+whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
+char and BPE models compare. Recipes run one after another on the whole machine, never at once.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch
+
+from analysis.stats import fmt_interval, t_interval
+from data.config import DataConfig
+from data.prepare import prepare
+from training.checkpoint import load_model
+from training.evaluate import bits_per_byte, split_loss
+from training.runtime import autocast, device_name, resolve_precision
+
+STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
+# Each recipe: the overrides that make it (the default is the configs as they are).
+RECIPES = {
+    "default": [],
+    "nanogpt_baby": ["+experiment=nanogpt_baby"],
+}
+
+
+def run_recipe(name: str, overrides: list[str], budget: float, seed: int, out: Path) -> dict:
+    """Train one recipe for `budget` whole-process seconds; its score on the full val split."""
+    args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}"]
+    args += [f"budget_s={budget - STARTUP_S}", "max_steps=null", "logger=none", "sample_tokens=0", "progress=false"]
+    start = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    model, ckpt = load_model(out / "checkpoints" / "best.safetensors")
+    data = prepare(DataConfig(**ckpt.meta["config"]["data"]), progress=False)
+    device = next(model.parameters()).device
+    ctx = autocast(device, resolve_precision(ckpt.meta["config"]["precision"], device))
+    loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
+    return {
+        "recipe": name,
+        "seed": seed,
+        "params": model.num_params(),
+        "steps": summary["step"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "wall_s": wall,
+        "val_loss": loss,
+        "val_bpb": bits_per_byte(loss, data.val_tokens, data.val_bytes),
+    }
+
+
+def print_table(rows: list[dict], reference: str) -> None:
+    head = f"{'recipe':<18}{'params':>9}{'steps':>8}{'tokens/s':>10}{'wall s':>8}"
+    print(f"\n{head}  {'val nats/token':<26}{'val bits/byte':<26}")
+    by_recipe: dict[str, list[dict]] = {}
+    for r in rows:
+        by_recipe.setdefault(r["recipe"], []).append(r)
+    for name, runs in by_recipe.items():
+        loss = t_interval([r["val_loss"] for r in runs])
+        bpb = t_interval([r["val_bpb"] for r in runs])
+        print(
+            f"{name:<18}{runs[0]['params'] / 1e6:>8.2f}M{statistics.median(r['steps'] for r in runs):>8.0f}"
+            f"{statistics.median(r['tokens_per_s'] for r in runs):>10,.0f}{max(r['wall_s'] for r in runs):>8.0f}  "
+            f"{fmt_interval(loss):<26}{fmt_interval(bpb):<26}"
+        )
+    ref = {r["seed"]: r["val_bpb"] for r in by_recipe.get(reference, [])}
+    for name, runs in by_recipe.items():
+        if name != reference and ref:
+            diff = t_interval([r["val_bpb"] - ref[r["seed"]] for r in runs if r["seed"] in ref])
+            print(f"{name} - {reference}: {fmt_interval(diff, signed=True)} bits/byte (paired by seed)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=300.0, help="whole-process seconds per run")
+    parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=sorted(RECIPES))
+    parser.add_argument("--seeds", type=int, nargs="*", default=[1337])
+    parser.add_argument("--reference", default="nanogpt_baby", help="recipe the others are compared against")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
+    args = parser.parse_args()
+    if not args.budget > STARTUP_S:
+        parser.error(f"--budget {args.budget} must exceed the {STARTUP_S} s reserved for start-up")
+    cpu = device_name(torch.device("cpu"))
+    print(
+        f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; {args.budget:g} s whole-process per run; overrides {args.overrides or 'none'}",
+        flush=True,
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            for name in args.recipes:
+                row = run_recipe(name, RECIPES[name] + args.overrides, args.budget, seed, Path(tmp) / f"{name}_{seed}")
+                rows.append(row)
+                print(
+                    f"  {name} seed {seed}: {row['val_bpb']:.4f} bits/byte ({row['val_loss']:.4f} nats/token), "
+                    f"{row['steps']} steps, {row['wall_s']:.0f} s",
+                    flush=True,
+                )
+    print_table(rows, args.reference)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    assert all(math.isfinite(r["val_bpb"]) for r in rows)
+
+
+if __name__ == "__main__":
+    main()
