@@ -9,17 +9,20 @@ Each recipe is `python train.py` with its overrides, `budget_s` set so the whole
 data, training, the last evaluation and save) fits the budget; the process's wall-clock is measured
 from outside. The score is the best checkpoint's mean loss over non-overlapping windows covering the
 whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
-char and BPE models compare. Recipes run one after another on the whole machine, never at once.
+char and BPE models compare. Recipes run one after another on the whole machine unless --jobs says
+otherwise (then each run gets its share of the cores, alike for every recipe).
 """
 
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,31 +45,34 @@ RECIPES = {
 }
 
 
-def run_recipe(name: str, overrides: list[str], budget: float, seed: int, out: Path) -> dict:
-    """Train one recipe for `budget` whole-process seconds; its score on the full val split."""
+def run_recipe(name: str, overrides: list[str], budget: float, seed: int, out: Path, threads: int) -> dict:
+    """Train one recipe for `budget` whole-process seconds, then score it on the full val split (each
+    in its own process, with `threads` intra-op threads)."""
     args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}"]
     args += [f"budget_s={budget - STARTUP_S}", "max_steps=null", "logger=none", "sample_tokens=0", "progress=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     start = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stderr[-2000:]}")
+    score = subprocess.run([sys.executable, __file__, "--score", str(out)], capture_output=True, text=True, env=env)
+    if score.returncode != 0:
+        raise RuntimeError(f"scoring {name} failed:\n{score.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    model, ckpt = load_model(out / "checkpoints" / "best.safetensors")
+    row = {"recipe": name, "seed": seed, "steps": summary["step"], "tokens_per_s": summary["tokens_per_s"]}
+    return row | {"wall_s": wall} | json.loads(score.stdout.strip().splitlines()[-1])
+
+
+def score(run: Path) -> dict:
+    """The best checkpoint's loss on every token of its data's val split."""
+    model, ckpt = load_model(run / "checkpoints" / "best.safetensors")
     data = prepare(DataConfig(**ckpt.meta["config"]["data"]), progress=False)
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(ckpt.meta["config"]["precision"], device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
-    return {
-        "recipe": name,
-        "seed": seed,
-        "params": model.num_params(),
-        "steps": summary["step"],
-        "tokens_per_s": summary["tokens_per_s"],
-        "wall_s": wall,
-        "val_loss": loss,
-        "val_bpb": bits_per_byte(loss, data.val_tokens, data.val_bytes),
-    }
+    bpb = bits_per_byte(loss, data.val_tokens, data.val_bytes)
+    return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb}
 
 
 def print_table(rows: list[dict], reference: str) -> None:
@@ -97,8 +103,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=[1337])
     parser.add_argument("--reference", default="nanogpt_baby", help="recipe the others are compared against")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, sharing the cores (2 cores: 1 thread each)")
+    parser.add_argument("--score", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     args = parser.parse_args()
+    if args.score:
+        print(json.dumps(score(args.score)))
+        return
     if not args.budget > STARTUP_S:
         parser.error(f"--budget {args.budget} must exceed the {STARTUP_S} s reserved for start-up")
     cpu = device_name(torch.device("cpu"))
@@ -107,17 +118,23 @@ def main() -> None:
         f"torch {torch.__version__}; {args.budget:g} s whole-process per run; overrides {args.overrides or 'none'}",
         flush=True,
     )
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for name in args.recipes:
-                row = run_recipe(name, RECIPES[name] + args.overrides, args.budget, seed, Path(tmp) / f"{name}_{seed}")
-                rows.append(row)
-                print(
-                    f"  {name} seed {seed}: {row['val_bpb']:.4f} bits/byte ({row['val_loss']:.4f} nats/token), "
-                    f"{row['steps']} steps, {row['wall_s']:.0f} s",
-                    flush=True,
-                )
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        jobs = [(name, seed) for seed in args.seeds for name in args.recipes]
+        futures = [
+            pool.submit(run_recipe, n, RECIPES[n] + args.overrides, args.budget, s, Path(tmp) / f"{n}_{s}", threads)
+            for n, s in jobs
+        ]
+        for (name, seed), future in zip(jobs, futures, strict=True):
+            row = future.result()
+            rows.append(row)
+            print(
+                f"  {name} seed {seed}: {row['val_bpb']:.4f} bits/byte ({row['val_loss']:.4f} nats/token), "
+                f"{row['steps']} steps, {row['wall_s']:.0f} s",
+                flush=True,
+            )
     print_table(rows, args.reference)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
