@@ -244,9 +244,12 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     from model import GPT, GPTConfig
 
     ckpt = load_checkpoint(path)
-    model_cfg = ckpt.meta.get("config", {}).get("model")
+    model_cfg = (ckpt.meta.get("config") or {}).get("model") if isinstance(ckpt.meta.get("config"), dict) else None
     if not isinstance(model_cfg, dict):
         raise ValueError(f"checkpoint {str(path)!r} has no model config in its header")
-    model = GPT(GPTConfig(**model_cfg))
+    try:
+        model = GPT(GPTConfig(**model_cfg))
+    except (TypeError, ValueError) as e:  # a header with unknown or bad fields, though its digest holds
+        raise ValueError(f"checkpoint {str(path)!r} has a model config this code cannot build ({e})") from None
     load_model_weights(model, ckpt)
     return model.to(device).eval(), ckpt

@@ -79,7 +79,9 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, dat
             f"{where} was trained on a vocabulary of {ckpt.meta.get('vocab_size')} tokens; "
             f"the data's is {data.vocab_size}"
         )
-    saved = ckpt.meta["config"]
+    saved = ckpt.meta.get("config")
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+        raise ValueError(f"{where} has no run config in its header; it was not written by train.py")
     check_same_model(saved["model"], cfg.model, where)
     now = asdict(cfg)
     changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != now[key]]

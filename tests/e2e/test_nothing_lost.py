@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import ROOT, compose_config, run_cli, write_corpus
 from training.config import to_train_config
@@ -229,3 +230,19 @@ def test_a_run_ends_saying_where_it_is_and_points_latest_at_it(corpus_args, tmp_
     assert {p.name for p in run.iterdir()} >= {"checkpoints", "config.yaml", "train.log", "metrics.jsonl"}
     assert not (run / ".hydra").exists() and "resolved config" not in proc.stderr
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(corpus_args, finished_run, tmp_path):
+    from training.checkpoint import load_checkpoint, load_model, save_checkpoint
+
+    ckpt = load_checkpoint(finished_run / "checkpoints" / "step_0000010.safetensors")
+    model, _ = load_model(finished_run / "checkpoints" / "step_0000010.safetensors")
+    for name, meta in [("no_config", {"step": 3}), ("bad_model", {"config": {"model": {"n_heads": 2}}})]:
+        optimizer = torch.optim.AdamW(model.parameters())
+        path = save_checkpoint(tmp_path / f"{name}.safetensors", model, optimizer, meta)  # digest over the bad header
+        with pytest.raises(ValueError, match=rf"checkpoint '{path}' has (no model config|a model config this code)"):
+            load_model(path)
+        with pytest.raises(ValueError, match=r"was trained with tokenizer None|has no run config") as refused:
+            run_train([*corpus_args, f"out_dir={tmp_path / name}", f"resume={path}"])
+        assert "\n" not in str(refused.value)
+    assert ckpt.meta["step"] == 10
