@@ -257,22 +257,14 @@ def mean_over_ranks(value: Tensor, info: DistInfo) -> Tensor:
     return out / info.world_size
 
 
-def max_over_ranks(value: int, info: DistInfo) -> int:
-    """The largest of an integer across ranks: a stop signal seen by any rank stops all at the same step."""
-    if not info.enabled:
-        return value
-    out = torch.tensor([value], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return int(out.item())
-
-
-def max_over_ranks_float(value: float, info: DistInfo) -> float:
-    """The largest of a float across ranks (a budget's elapsed time: every rank stops at the same step)."""
+def max_over_ranks(value: float, info: DistInfo) -> float:
+    """The largest of a number across ranks: a stop signal seen by any rank, or a budget's elapsed time,
+    so every rank stops at the same step."""
     if not info.enabled:
         return value
     out = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return float(out.item())
+    return out.item()
 
 
 def full_tensor(value: Tensor) -> Tensor:

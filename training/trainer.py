@@ -222,7 +222,7 @@ class Trainer:
                 meter.step_done(result, clock, last)
                 if self.state.step % cfg.eval_interval == 0 or last:
                     self.evaluate_and_save(meter, clock)
-                requested = distributed.max_over_ranks(stop.requested or 0, self.dist)  # all stop at one step
+                requested = int(distributed.max_over_ranks(stop.requested or 0, self.dist))  # all stop at one step
                 if requested:
                     saved = meter.saved_step == self.state.step
                     path = self.checkpoints.latest() if saved else self.save_at(clock, is_best=False)
@@ -269,7 +269,7 @@ class Clock:
 
     def now(self) -> float:
         elapsed = self.already_s + time.perf_counter() - self.start
-        return distributed.max_over_ranks_float(elapsed, self.dist) if self.agree else elapsed
+        return distributed.max_over_ranks(elapsed, self.dist) if self.agree else elapsed
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
