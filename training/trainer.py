@@ -31,7 +31,7 @@ from training.fairness import measure_seconds_per_step, steps_for_flops, steps_f
 from training.guards import check_weights_finite, grad_norm_, is_finite, nonfinite_error, read_step
 from training.loggers import MetricsLogger
 from training.mfu import peak_flops
-from training.optim import build_optimizer, lr_at
+from training.optim import build_optimizer, lr_at, set_lr
 from training.preflight import check_data_fits
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, trim_metrics
@@ -207,9 +207,8 @@ def train_on_rank(cfg: TrainConfig, dist_info: distributed.DistInfo, device: tor
         contextlib.closing(bar),
     ):
         for step in bar:
-            lr = lr_at(step, cfg.optim, cfg.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = lr_at(step, step / cfg.max_steps, cfg.optim)
+            set_lr(optimizer, lr)  # each group: lr * its lr_scale (Muon's matrices have their own)
             train_loss, grad_norm = read_step(*forward_backward(train_model, step))
             state.step = done = step + 1
             # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
