@@ -8,7 +8,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
-from training.optim import CombinedOptimizer, OptimConfig, build_optimizer, lr_at, param_groups, set_lr
+from training.optim import CombinedOptimizer, Float32Muon, OptimConfig, build_optimizer, lr_at, param_groups, set_lr
 
 TINY = GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, d_model=16)
 
@@ -149,3 +149,21 @@ def test_combined_optimizer_round_trips_through_a_checkpoint(tmp_path):
     step(fresh, fresh_opt, scaler, seed=3)
     for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
         assert a.equal(b)
+
+
+def test_float32_muon_takes_torchs_muon_step_up_to_bf16_rounding():
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(24, 8)), torch.nn.Parameter(torch.randn(8, 24))]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    starts = [w.detach().clone() for w in weights]
+    ours, theirs = Float32Muon(weights, lr=0.1, weight_decay=0.1), torch.optim.Muon(copies, lr=0.1, weight_decay=0.1)
+    for _ in range(2):
+        for w, c in zip(weights, copies, strict=True):
+            w.grad = torch.randn_like(w)
+            c.grad = w.grad.clone()
+        ours.step()
+        theirs.step()
+    for w, c, start in zip(weights, copies, starts, strict=True):
+        moved = (c - start).abs().max().item()
+        assert moved > 0.1 and (w - c).abs().max().item() < 0.05 * moved
+        assert ours.state[w]["momentum_buffer"].equal(theirs.state[c]["momentum_buffer"])
