@@ -139,20 +139,22 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
 
 
 def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
-    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of g, in g's dtype:
-    X <- a X + (b A + c A^2) X with A = X X^T, starting from g / ||g|| (spectral norm <= 1)."""
+    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of each g (..., m, n),
+    in g's dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (spectral norm <= 1)."""
     a, b, c = coefficients
-    x = g.T if g.shape[0] > g.shape[1] else g  # iterate on the wide side: A is the smaller square
-    x = x / x.norm().clamp(min=eps)
+    tall = g.shape[-2] > g.shape[-1]
+    x = g.mT if tall else g  # iterate on the wide side: A is the smaller square
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if g.shape[0] > g.shape[1] else x
+    return x.mT if tall else x
 
 
 class Float32Muon(torch.optim.Muon):
     """torch.optim.Muon's update (momentum, Nesterov, the "original" lr adjustment, decoupled weight
-    decay) and state layout, with Newton-Schulz in float32: for CPUs, where bf16 may be emulated."""
+    decay) and state layout, with Newton-Schulz in float32: for CPUs, where bf16 may be emulated.
+    """
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:
