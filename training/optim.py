@@ -132,6 +132,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
     )
     if cfg.optimizer == "adamw":
         return adamw
+    if any(type(p).__name__ == "DTensor" for p in groups["hidden"]):  # FSDP shards: NS needs whole matrices
+        raise ValueError("optim.optimizer=muon needs whole matrices, which FSDP shards; use distributed.strategy=ddp")
     muon_group = {"params": groups["hidden"], "lr_scale": cfg.muon_lr / cfg.lr, "role": "hidden"}
     muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
     muon = muon_class([muon_group], lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum)
