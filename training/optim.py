@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
@@ -132,10 +133,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
     )
     if cfg.optimizer == "adamw":
         return adamw
-    if any(type(p).__name__ == "DTensor" for p in groups["hidden"]):  # FSDP shards: NS needs whole matrices
-        raise ValueError("optim.optimizer=muon needs whole matrices, which FSDP shards; use distributed.strategy=ddp")
     muon_group = {"params": groups["hidden"], "lr_scale": cfg.muon_lr / cfg.lr, "role": "hidden"}
-    muon_class = torch.optim.Muon if device_type == "cuda" else Float32Muon
+    sharded = any(isinstance(p, DTensor) for p in groups["hidden"])  # FSDP: torch's Muon takes no shards
+    muon_class = torch.optim.Muon if device_type == "cuda" and not sharded else Float32Muon
     muon = muon_class([muon_group], lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum)
     return CombinedOptimizer([muon, adamw])
 
@@ -156,6 +156,7 @@ def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: in
 class Float32Muon(torch.optim.Muon):
     """torch.optim.Muon's update (momentum, Nesterov, the "original" lr adjustment, decoupled weight
     decay) and state layout, with Newton-Schulz in float32: for CPUs, where bf16 may be emulated.
+    Under FSDP each rank gathers a sharded matrix, orthogonalises it whole and keeps its own shard.
     """
 
     @torch.no_grad()
@@ -169,7 +170,12 @@ class Float32Muon(torch.optim.Muon):
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                 buf.lerp_(p.grad, 1 - momentum)
                 update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = orthogonalize(update.float(), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
+                if isinstance(update, DTensor):  # an FSDP shard: orthogonalise the whole matrix, keep our shard
+                    full = orthogonalize(update.full_tensor().float(), coefficients, steps, eps)
+                    update = distribute_tensor(full, update.device_mesh, update.placements)
+                else:
+                    update = orthogonalize(update.float(), coefficients, steps, eps)
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
