@@ -185,3 +185,18 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
     )
     assert (cfg.batch_size, cfg.precision) == (12, "fp32")
     assert math.isclose(o.embedding_weight_decay, o.weight_decay)  # nanoGPT decays every 2-D tensor
+
+
+def test_the_default_run_is_the_measured_recipe():
+    cfg = compose_config([])
+    m, o = cfg.model, cfg.optim
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 64, 24)
+    assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
+        "muon",
+        3e-3,
+        0.02,
+        "wsd",
+        "1-sqrt",
+        0.3,
+    )
+    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 65}))  # the default model still exports to GPT-2
