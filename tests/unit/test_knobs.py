@@ -200,3 +200,9 @@ def test_the_default_run_is_the_measured_recipe():
         0.3,
     )
     check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 65}))  # the default model still exports to GPT-2
+
+
+def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
+    cfg = compose_config(["+experiment=bpe_budget"])
+    assert (cfg.data.tokenizer, cfg.batch_size, cfg.optim.warmup_steps, cfg.optim.optimizer) == ("gpt2", 12, 20, "muon")
+    assert cfg.model.tie_embeddings and cfg.model.block_size == 64
