@@ -10,6 +10,7 @@ from model import GPT, GPTConfig
 from model.hf_interop import check_gpt2_compatible
 from model.mlp import MLP
 from tests.helpers import compose_config, hand_count
+from training.config import to_train_config
 
 V, T, L, H, D = 64, 16, 2, 2, 32
 
@@ -206,3 +207,9 @@ def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
     cfg = compose_config(["+experiment=bpe_budget"])
     assert (cfg.data.tokenizer, cfg.batch_size, cfg.optim.warmup_steps, cfg.optim.optimizer) == ("gpt2", 12, 20, "muon")
     assert cfg.model.tie_embeddings and cfg.model.block_size == 64
+
+
+@pytest.mark.parametrize("recipe", ["nanogpt_baby", "bpe_budget"])
+def test_recipes_validate_as_single_runs(recipe, tmp_path):
+    cfg = to_train_config(compose_config([f"+experiment={recipe}", f"out_dir={tmp_path}"]))
+    assert cfg.model.block_size == 64
