@@ -21,12 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.config import GPTConfig
 from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention
 from model.position import apply_rotary
 
-# "auto": the fastest correct path for the device, length and pass (see CausalSelfAttention.kernel).
-BACKENDS = ("auto", "explicit", "sdpa", "materialized")
 # Up to this key length `auto` takes the materialized kernel on a CPU. scripts/bench_attention.py
 # (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.2x faster than the fused kernel in bf16 and
 # 1.1-1.4x in fp32 for 64-512 keys, 1.1-1.2x at 1024, where its probabilities grow to tens of MB.
@@ -146,36 +145,20 @@ class CausalSelfAttention(nn.Module):
     into one matmul); W_O maps n_head * d_k -> d_model. n_kv_head = None means n_head (plain MHA).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        d_k: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = False,
-        backend: str = "auto",
-        n_kv_head: int | None = None,
-        qk_norm: bool = False,
-    ) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"attention backend {backend!r} is unknown; choose one of: {', '.join(BACKENDS)}")
-        if backend == "materialized" and dropout > 0:
-            raise ValueError(f"the materialized attention backend has no dropout (got {dropout}); use auto or sdpa")
-        self.n_head = n_head
-        self.n_kv_head = n_kv_head or n_head
-        if n_head % self.n_kv_head:
-            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({n_head})")
-        self.d_k = d_k or d_model // n_head
-        self.backend = backend
-        self.dropout = dropout
-        q_dim, kv_dim = n_head * self.d_k, self.n_kv_head * self.d_k
-        self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)  # W_Q | W_K | W_V
-        self.out_proj = nn.Linear(q_dim, d_model, bias=bias)  # W_O
+        self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
+        self.d_k = config.head_dim
+        self.backend = config.attn_backend
+        self.dropout = config.dropout
+        q_dim, kv_dim = self.n_head * self.d_k, self.n_kv_head * self.d_k
+        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.bias)  # W_Q | W_K | W_V
+        self.out_proj = nn.Linear(q_dim, config.d_model, bias=config.bias)  # W_O
         # One gain per channel of a head, shared by the heads (a head is a vector, the norm is over d_k).
-        self.q_norm = nn.RMSNorm(self.d_k, eps=1e-6) if qk_norm else None
-        self.k_norm = nn.RMSNorm(self.d_k, eps=1e-6) if qk_norm else None
-        self.resid_dropout = nn.Dropout(dropout)
+        self.q_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
+        self.resid_dropout = nn.Dropout(config.dropout)
 
     def project_qkv(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, d_model) -> q (B, H, T, d_k) and k, v (B, H_kv, T, d_k), QK-normed and rotated as configured."""

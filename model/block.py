@@ -1,30 +1,27 @@
-"""Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (GPT-2 layout)."""
+"""Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)) (GPT-2 layout)."""
 
 from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention
+from model.config import GPTConfig
 from model.kv_cache import LayerCache
 from model.mlp import MLP
 
 
+def build_norm(config: GPTConfig) -> nn.Module:
+    """The block's and the final norm: GPT-2's LayerNorm (bias as config.bias) or RMSNorm (no bias)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=1e-5)
+    return nn.LayerNorm(config.d_model, bias=config.bias)
+
+
 class Block(nn.Module):
-    def __init__(
-        self,
-        d_model: int,
-        n_head: int,
-        d_k: int,
-        d_ff: int,
-        dropout: float,
-        bias: bool,
-        attn_backend: str,
-        n_kv_head: int | None = None,
-        qk_norm: bool = False,
-    ) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(d_model, bias=bias)
-        self.attn = CausalSelfAttention(d_model, n_head, d_k, dropout, bias, attn_backend, n_kv_head, qk_norm)
-        self.ln_2 = nn.LayerNorm(d_model, bias=bias)
-        self.mlp = MLP(d_model, d_ff, dropout, bias)
+        self.ln_1 = build_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = build_norm(config)
+        self.mlp = MLP(config)
 
     def forward(
         self,

@@ -1,94 +1,25 @@
 """A GPT-style decoder-only language model (Radford et al. 2019, "Language Models are Unsupervised
 Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head.
 
-The defaults are GPT-2's; the config can swap the positions (sinusoidal, RoPE: model/position.py),
-share key/value heads (GQA/MQA) and normalise queries and keys (model/attention.py).
+The defaults are GPT-2's; the config (model/config.py) can swap the positions (sinusoidal, RoPE:
+model/position.py), share key/value heads (GQA/MQA) and normalise queries and keys
+(model/attention.py), change the MLP's activation (model/mlp.py) and the norm, untie the head,
+zero-init the residual projections, and soft-cap the logits or add a z-loss.
 """
 
 import math
-from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model import generate as generation
-from model.attention import BACKENDS
-from model.block import Block
+from model.block import Block, build_norm
+from model.config import GPTConfig
 from model.kv_cache import KVCache, token_positions
-from model.position import POS_ENCODINGS, RotaryEmbedding, SinusoidalPositions
+from model.position import RotaryEmbedding, SinusoidalPositions
 
-
-@dataclass
-class GPTConfig:
-    vocab_size: int | None = None  # None: taken from the tokenizer of the data
-    block_size: int = 256  # training context; the longest sequence learned positions cover
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    d_k: int | None = None  # per-head dim; None: d_model // n_head
-    d_ff: int | None = None  # MLP hidden size; None: 4 * d_model
-    dropout: float = 0.0
-    bias: bool = False
-    attn_backend: str = "auto"  # "explicit" (the equation), "sdpa" (fused), "materialized" or "auto" (fastest)
-    pos_encoding: str = "learned"  # "learned" (GPT-2), "sinusoidal" (fixed table) or "rope" (rotary)
-    rope_base: float = 10000.0  # RoPE's base: angle of channel pair i is pos * rope_base^(-2i/d_k)
-    n_kv_head: int | None = None  # key/value heads (GQA; 1 = MQA); None: n_head (plain multi-head)
-    qk_norm: bool = False  # RMSNorm each query and key head before QK^T
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_k if self.d_k is not None else self.d_model // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_head if self.n_kv_head is not None else self.n_head
-
-    @property
-    def ff_dim(self) -> int:
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
-    def validate(self) -> None:
-        """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
-        sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model}
-        for name, value in sizes.items():
-            if value < 1:
-                raise ValueError(f"model.{name}={value} is invalid; it must be >= 1")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ValueError(f"model.vocab_size={self.vocab_size} is invalid; it must be >= 1")
-        if self.d_k is not None and self.d_k < 1:
-            raise ValueError(f"model.d_k={self.d_k} is invalid; it must be >= 1 (or null for d_model // n_head)")
-        if self.d_k is None and self.d_model % self.n_head:
-            raise ValueError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}) "
-                "when model.d_k is not set"
-            )
-        if self.d_ff is not None and self.d_ff < 1:
-            raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout={self.dropout} is invalid; it must be in [0, 1)")
-        if self.attn_backend not in BACKENDS:
-            raise ValueError(
-                f"model.attn_backend={self.attn_backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
-            )
-        if self.attn_backend == "materialized" and self.dropout > 0:
-            raise ValueError(
-                f"model.attn_backend='materialized' has no attention dropout (model.dropout={self.dropout}); "
-                "use auto or sdpa"
-            )
-        if self.pos_encoding not in POS_ENCODINGS:
-            raise ValueError(
-                f"model.pos_encoding={self.pos_encoding!r} is unknown; choose one of: {', '.join(POS_ENCODINGS)}"
-            )
-        if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
-            )
-        if not self.rope_base > 1.0:
-            raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1")
-        if self.n_kv_head is not None and self.n_kv_head < 1:
-            raise ValueError(f"model.n_kv_head={self.n_kv_head} is invalid; it must be >= 1 (or null for n_head)")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head})")
+__all__ = ["GPT", "GPTConfig"]  # GPTConfig lives in model/config.py; `from model.gpt import GPTConfig` stays
 
 
 class GPT(nn.Module):
@@ -109,39 +40,33 @@ class GPT(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_base)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                config.d_model,
-                config.n_head,
-                config.head_dim,
-                config.ff_dim,
-                config.dropout,
-                config.bias,
-                config.attn_backend,
-                config.n_kv_head,
-                config.qk_norm,
-            )
-            for _ in range(config.n_layer)
-        )
-        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # tied input/output embedding
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight  # one matrix reads tokens in and writes them out
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation, all in one place.
+        """All of the model's initialisation, in one place (GPT-2's, plus the zero-init knob).
 
-        Linear and embedding weights ~ N(0, 0.02), biases 0, LayerNorm affine (1, 0), the RMSNorm
-        gains of QK-norm 1 (so it starts as a pure normalisation). The two
-        projections that write into the residual stream (attention W_O, MLP down) get std
-        0.02 / sqrt(2 * n_layer): each block adds two such terms, so this keeps the variance of the
-        residual stream from growing with depth.
+        Linear and embedding weights ~ N(0, 0.02), biases 0, norm gains 1 and LayerNorm biases 0,
+        the RMSNorm gains of QK-norm 1 (so it starts as a pure normalisation). An untied LM head is
+        a Linear like the others. The two projections that write into the residual stream
+        (attention W_O, MLP down) get std 0.02 / sqrt(2 * n_layer): each block adds two such terms,
+        so this keeps the variance of the residual stream from growing with depth. With
+        zero_init_proj they start at 0 instead: each block is then the identity at step 0 and
+        its first update moves only the projection, a gentler start that short runs can afford.
         """
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("attn.out_proj", "mlp.down_proj")) else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if name.endswith(("attn.out_proj", "mlp.down_proj")):
+                    nn.init.normal_(module.weight, mean=0.0, std=residual_std)
+                    if self.config.zero_init_proj:
+                        nn.init.zeros_(module.weight)
+                else:  # a tied lm_head draws the shared matrix again (same law; seeds stay as before)
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -185,10 +110,23 @@ class GPT(nn.Module):
             assert targets is None, "last_only is for sampling; a loss needs every position"
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
+        if self.config.logit_softcap is not None:  # smooth clamp to (-cap, cap): no logit runs away
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+            loss = self.loss(logits, targets)
         return logits, loss
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over targets != -1; in training, plus z_loss * mean(logsumexp^2), which
+        keeps the softmax normaliser near 1 (PaLM). Evaluation reports the cross-entropy alone."""
+        flat, flat_targets = logits.flatten(0, 1).float(), targets.flatten()
+        loss = F.cross_entropy(flat, flat_targets, ignore_index=-1)
+        if self.config.z_loss > 0 and self.training:
+            keep = flat_targets != -1
+            loss = loss + self.config.z_loss * torch.logsumexp(flat[keep], dim=-1).square().mean()
+        return loss
 
     def embed(self, idx: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None."""
@@ -229,8 +167,8 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
 
         Per layer, forward: 2 * d_model * (H + 2 H_kv) d_k for Q, K, V; 2 * (H d_k) * d_model for
-        W_O; 2 * 2 * d_model * d_ff for the MLP; and 2 * 2 * T * H * d_k for QK^T and AV over a
-        context of T (every query head still attends, so GQA saves only on the K, V projections).
+        W_O; 2 * m * d_model * d_ff for the MLP's m matrices (2; SwiGLU 3); and 2 * 2 * T * H * d_k
+        for QK^T and AV over a context of T (every query head still attends, so GQA saves only on the K, V projections).
         Plus 2 * d_model * vocab for the LM head. This uses H * d_k, not d_model, so it stays right
         when d_k != d_model / n_head. Attention counts the full T x T like the PaLM paper's MFU,
         although a causal kernel may skip the masked half. Norms and RoPE are not matmuls.
@@ -239,7 +177,7 @@ class GPT(nn.Module):
         T = seq_len or c.block_size
         hd = c.n_head * c.head_dim
         qkv = (c.n_head + 2 * c.kv_heads) * c.head_dim
-        per_layer = 2 * c.d_model * qkv + 2 * hd * c.d_model + 4 * c.d_model * c.ff_dim + 4 * T * hd
+        per_layer = 2 * c.d_model * qkv + 2 * hd * c.d_model + 2 * c.mlp_matrices * c.d_model * c.ff_dim + 4 * T * hd
         forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
         return 3 * forward
 

@@ -56,6 +56,10 @@ def check_gpt2_compatible(config: GPTConfig) -> None:
         )
     if config.qk_norm:
         raise ValueError("model.qk_norm=true cannot be exported to GPT-2, which has no QK-norm")
+    gpt2_knobs = {"activation": "gelu_tanh", "norm": "layernorm", "tie_embeddings": True, "logit_softcap": None}
+    for name, gpt2 in gpt2_knobs.items():
+        if getattr(config, name) != gpt2:
+            raise ValueError(f"model.{name}={getattr(config, name)!r} cannot be exported to GPT-2, which has {gpt2!r}")
     if config.head_dim * config.n_head != config.d_model:
         raise ValueError(
             f"model.d_k ({config.head_dim}) cannot be exported to GPT-2, whose heads have "

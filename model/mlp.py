@@ -1,17 +1,43 @@
-"""Position-wise feed-forward network of the transformer block."""
+"""Position-wise feed-forward network of the transformer block, with a choice of activation."""
 
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from model.config import GPTConfig
+
+
+def relu2(x: Tensor) -> Tensor:
+    """ReLU(x)^2 (So et al. 2021, "Primer"): sparse like ReLU, smooth at 0 like GELU, and cheap."""
+    return F.relu(x).square()
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU's tanh approximation, as GPT-2 uses (so its weights interoperate)."""
+    return F.gelu(x, approximate="tanh")
+
+
+# SwiGLU's nonlinearity is SiLU on the gate; the product with the up projection is in MLP.forward.
+ACTIVATION_FNS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "relu2": relu2, "swiglu": F.silu}
 
 
 class MLP(nn.Module):
-    """d_model -> d_ff -> d_model with GELU (tanh form, as GPT-2 uses, so weights interoperate)."""
+    """d_model -> ff_dim -> d_model. SwiGLU's up projection holds W_gate | W_up (one matmul) and
+    computes silu(x W_gate) * (x W_up); the other activations apply act(x W_up)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, bias: bool = False) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.act = nn.GELU(approximate="tanh")
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        d, f = config.d_model, config.ff_dim
+        self.gated = config.activation == "swiglu"
+        self.up_proj = nn.Linear(d, 2 * f if self.gated else f, bias=config.bias)
+        self.act = ACTIVATION_FNS[config.activation]
+        self.down_proj = nn.Linear(f, d, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.down_proj(self.act(self.up_proj(x))))
+        h = self.up_proj(x)  # (B, T, f or 2f)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        return self.dropout(self.down_proj(h))

@@ -19,7 +19,6 @@ precision that large positions need.
 import torch
 from torch import Tensor, nn
 
-POS_ENCODINGS = ("learned", "sinusoidal", "rope")
 SINUSOID_BASE = 10000.0
 
 

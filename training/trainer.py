@@ -44,7 +44,7 @@ from training.guards import (
     read_step,
 )
 from training.loggers import Meter, MetricsLogger, log_to_file, write_config, write_run_info
-from training.optim import build_optimizer, lr_at
+from training.optim import build_optimizer, lr_at, set_lr
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, RunLock, trim_metrics
 from training.runtime import autocast, compile_or_eager, resolve_device, resolve_precision
@@ -127,8 +127,7 @@ class Trainer:
     def step(self, lr: float) -> StepResult:
         """One optimizer step at `lr`, the run's next (`state.step`); the loop's one host sync reads
         its loss and grad norm, to name a bad step and keep it out of the weights."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        set_lr(self.optimizer, lr)  # each group at lr times its own lr_scale
         loss, norm = read_step(*self.forward_backward(self.state.step))
         self.state.step += 1
         # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.

@@ -16,6 +16,7 @@ from model.attention import (
     open_blind_rows,
     scaled_dot_product_attention,
 )
+from model.config import GPTConfig
 from model.materialized_attention import causal_materialized_attention
 
 
@@ -144,8 +145,9 @@ def test_fused_backend_matches_explicit(Tq, Tk, with_padding, H_kv):
 @pytest.mark.parametrize("backend", ["sdpa", "materialized"])
 def test_module_backends_agree(backend, n_head, d_k, n_kv_head, qk_norm):
     torch.manual_seed(0)
-    explicit = CausalSelfAttention(48, n_head, d_k, backend="explicit", n_kv_head=n_kv_head, qk_norm=qk_norm)
-    other = CausalSelfAttention(48, n_head, d_k, backend=backend, n_kv_head=n_kv_head, qk_norm=qk_norm)
+    shape = dict(d_model=48, n_head=n_head, d_k=d_k, n_kv_head=n_kv_head, qk_norm=qk_norm)
+    explicit = CausalSelfAttention(GPTConfig(**shape, attn_backend="explicit"))
+    other = CausalSelfAttention(GPTConfig(**shape, attn_backend=backend))
     other.load_state_dict(explicit.state_dict())
     x = torch.randn(2, 11, 48)
     assert (explicit(x) - other(x)).abs().max().item() < 1e-5
@@ -155,19 +157,19 @@ def test_module_backends_agree(backend, n_head, d_k, n_kv_head, qk_norm):
 
 
 def test_module_n_head_and_d_k_are_independent():
-    attn = CausalSelfAttention(d_model=32, n_head=6, d_k=5)
+    attn = CausalSelfAttention(GPTConfig(d_model=32, n_head=6, d_k=5))
     assert attn.qkv_proj.weight.shape == (3 * 6 * 5, 32)
     assert attn.out_proj.weight.shape == (32, 6 * 5)
-    assert CausalSelfAttention(d_model=32, n_head=4).d_k == 8
+    assert CausalSelfAttention(GPTConfig(d_model=32, n_head=4)).d_k == 8
 
 
 def test_grouped_query_projection_shapes():
-    attn = CausalSelfAttention(d_model=32, n_head=6, d_k=5, n_kv_head=2)
+    attn = CausalSelfAttention(GPTConfig(d_model=32, n_head=6, d_k=5, n_kv_head=2))
     assert attn.qkv_proj.weight.shape == ((6 + 2 * 2) * 5, 32)  # W_Q: 6 heads, W_K and W_V: 2 each
     q, k, v = attn.project_qkv(torch.randn(3, 7, 32))
     assert q.shape == (3, 6, 7, 5) and k.shape == v.shape == (3, 2, 7, 5)
-    with pytest.raises(ValueError, match=r"n_kv_head \(4\) must divide n_head \(6\)"):
-        CausalSelfAttention(d_model=32, n_head=6, n_kv_head=4)
+    with pytest.raises(ValueError, match=r"n_kv_head \(4\) must divide model.n_head \(6\)"):
+        GPTConfig(d_model=32, n_head=6, d_k=5, n_kv_head=4).validate()
 
 
 def test_query_heads_must_be_a_multiple_of_key_value_heads():
@@ -178,4 +180,4 @@ def test_query_heads_must_be_a_multiple_of_key_value_heads():
 
 def test_module_rejects_unknown_backend():
     with pytest.raises(ValueError, match="'flash' is unknown; choose one of: auto, explicit, sdpa, materialized"):
-        CausalSelfAttention(32, 4, backend="flash")
+        GPTConfig(d_model=32, n_head=4, attn_backend="flash").validate()

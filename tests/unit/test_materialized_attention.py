@@ -13,6 +13,7 @@ from model.attention import (
     open_blind_rows,
     scaled_dot_product_attention,
 )
+from model.config import GPTConfig
 from model.materialized_attention import causal_materialized_attention
 
 
@@ -108,7 +109,7 @@ def test_rejects_mixed_dtypes_and_fewer_keys_than_queries():
 
 
 def test_auto_picks_the_materialized_kernel_only_where_it_is_faster():
-    attn = CausalSelfAttention(32, 4, backend="auto")
+    attn = CausalSelfAttention(GPTConfig(d_model=32, n_head=4, attn_backend="auto"))
 
     def pick(T, dtype=torch.bfloat16, dropout_p=0.0, training=True):
         return attn.kernel(torch.zeros(1, 4, T, 8, dtype=dtype, requires_grad=training), T, dropout_p)
@@ -120,12 +121,18 @@ def test_auto_picks_the_materialized_kernel_only_where_it_is_faster():
     assert pick(256, training=False) == "sdpa"  # inference: no backward to gain on
     assert pick(256, dropout_p=0.1) == "sdpa"  # it has no dropout
     for fixed in ("explicit", "sdpa", "materialized"):
-        assert CausalSelfAttention(32, 4, backend=fixed).kernel(torch.zeros(1, 4, 9999, 8), 9999, 0.0) == fixed
+        assert (
+            CausalSelfAttention(GPTConfig(d_model=32, n_head=4, attn_backend=fixed)).kernel(
+                torch.zeros(1, 4, 9999, 8), 9999, 0.0
+            )
+            == fixed
+        )
 
 
 def test_a_module_in_training_on_cpu_takes_the_materialized_path_and_agrees_with_sdpa(monkeypatch):
     torch.manual_seed(0)
-    auto, fused = CausalSelfAttention(32, 4, backend="auto"), CausalSelfAttention(32, 4, backend="sdpa")
+    auto = CausalSelfAttention(GPTConfig(d_model=32, n_head=4, attn_backend="auto"))
+    fused = CausalSelfAttention(GPTConfig(d_model=32, n_head=4, attn_backend="sdpa"))
     fused.load_state_dict(auto.state_dict())
     x = torch.randn(2, 20, 32)
     calls = []
@@ -141,5 +148,5 @@ def test_a_module_in_training_on_cpu_takes_the_materialized_path_and_agrees_with
 
 
 def test_materialized_module_rejects_dropout():
-    with pytest.raises(ValueError, match="materialized attention backend has no dropout"):
-        CausalSelfAttention(32, 4, dropout=0.1, backend="materialized")
+    with pytest.raises(ValueError, match="attn_backend='materialized' has no attention dropout"):
+        GPTConfig(d_model=32, n_head=4, dropout=0.1, attn_backend="materialized").validate()

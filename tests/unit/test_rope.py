@@ -70,7 +70,8 @@ def test_scores_depend_only_on_the_offset_between_positions():
 @pytest.mark.parametrize("n_kv_head,qk_norm", [(None, False), (2, True)])
 def test_attention_output_is_unchanged_by_shifting_every_position(backend, n_kv_head, qk_norm):
     torch.manual_seed(0)
-    attn = CausalSelfAttention(32, 4, backend=backend, n_kv_head=n_kv_head, qk_norm=qk_norm).eval()
+    config = GPTConfig(d_model=32, n_head=4, attn_backend=backend, n_kv_head=n_kv_head, qk_norm=qk_norm)
+    attn = CausalSelfAttention(config).eval()
     rope = RotaryEmbedding(attn.d_k)
     x = torch.randn(2, 9, 32)
     positions = torch.arange(9)[None]

@@ -1,0 +1,114 @@
+"""The model's configuration: every architecture knob, its default, its rule, and the derived sizes.
+
+Defaults are GPT-2's architecture (learned positions, GELU in its tanh form, LayerNorm with biases
+off, tied head); `configs/model/*.yaml` choose the recipe a run trains. Derived values (head dim,
+key/value heads, MLP hidden size) are resolved here and only here, as properties, so every module
+reads the same number.
+
+The fixed choices are strings checked by `validate()` rather than `Literal[...]` types: OmegaConf
+2.3 cannot type a field as a Literal, and an Enum would reach the checkpoint's JSON as an object.
+"""
+
+from dataclasses import dataclass
+
+BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: CausalSelfAttention.kernel
+POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/mlp.py
+NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int | None = None  # None: taken from the tokenizer of the data
+    block_size: int = 256  # training context; the longest sequence learned positions cover
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    d_k: int | None = None  # per-head dim; None: d_model // n_head
+    d_ff: int | None = None  # MLP hidden size; None: 4 * d_model (8 * d_model // 3 for swiglu)
+    dropout: float = 0.0
+    bias: bool = False  # biases in every Linear and norm (GPT-2 has them; they buy little)
+    attn_backend: str = "auto"  # "explicit" (the equation), "sdpa" (fused), "materialized" or "auto" (fastest)
+    pos_encoding: str = "learned"  # "learned" (GPT-2), "sinusoidal" (fixed table) or "rope" (rotary)
+    rope_base: float = 10000.0  # RoPE's base: angle of channel pair i is pos * rope_base^(-2i/d_k)
+    n_kv_head: int | None = None  # key/value heads (GQA; 1 = MQA); None: n_head (plain multi-head)
+    qk_norm: bool = False  # RMSNorm each query and key head before QK^T
+    # "gelu_tanh" (GPT-2's tanh approximation), "gelu" (exact erf), "relu2" (ReLU(x)^2, So et al. 2021
+    # "Primer") or "swiglu" (Shazeer 2020: silu(x W_gate) * (x W_up), a third matrix).
+    activation: str = "gelu_tanh"
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
+    tie_embeddings: bool = True  # the LM head reuses the token embedding (GPT-2); False: its own matrix
+    # Start W_O and the MLP's down projection at zero, so every block begins as the identity (modded-nanogpt);
+    # False: GPT-2's N(0, 0.02 / sqrt(2 n_layer)).
+    zero_init_proj: bool = False
+    logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma 2); None: off
+    z_loss: float = 0.0  # training adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def ff_dim(self) -> int:
+        """The MLP's hidden size. SwiGLU's default 8/3 * d_model (floored) gives its three matrices
+        the parameters of the two 4 * d_model ones of the other activations (3 * 8/3 = 2 * 4)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 8 * self.d_model // 3 if self.activation == "swiglu" else 4 * self.d_model
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of d_model x ff_dim in one MLP: up and down, plus the gate for SwiGLU."""
+        return 3 if self.activation == "swiglu" else 2
+
+    def validate(self) -> None:
+        """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
+        sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model}
+        for name, value in sizes.items():
+            if value < 1:
+                raise ValueError(f"model.{name}={value} is invalid; it must be >= 1")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"model.vocab_size={self.vocab_size} is invalid; it must be >= 1")
+        if self.d_k is not None and self.d_k < 1:
+            raise ValueError(f"model.d_k={self.d_k} is invalid; it must be >= 1 (or null for d_model // n_head)")
+        if self.d_k is None and self.d_model % self.n_head:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head}) "
+                "when model.d_k is not set"
+            )
+        if self.d_ff is not None and self.d_ff < 1:
+            raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout} is invalid; it must be in [0, 1)")
+        choices = {
+            "attn_backend": (self.attn_backend, BACKENDS),
+            "pos_encoding": (self.pos_encoding, POS_ENCODINGS),
+            "activation": (self.activation, ACTIVATIONS),
+            "norm": (self.norm, NORMS),
+        }
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ValueError(f"model.{name}={value!r} is unknown; choose one of: {', '.join(allowed)}")
+        if self.attn_backend == "materialized" and self.dropout > 0:
+            raise ValueError(
+                f"model.attn_backend='materialized' has no attention dropout (model.dropout={self.dropout}); "
+                "use auto or sdpa"
+            )
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
+            )
+        if not self.rope_base > 1.0:
+            raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1")
+        if self.n_kv_head is not None and self.n_kv_head < 1:
+            raise ValueError(f"model.n_kv_head={self.n_kv_head} is invalid; it must be >= 1 (or null for n_head)")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head})")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ValueError(f"model.logit_softcap={self.logit_softcap} is invalid; it must be > 0 (or null for off)")
+        if self.z_loss < 0:
+            raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be >= 0 (0 for off)")

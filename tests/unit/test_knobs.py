@@ -1,0 +1,215 @@
+"""The architecture knobs of GPTConfig: each changes what it says, keeps the parameter and FLOP
+counts right, and GPT-2 export refuses the ones GPT-2 cannot express."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.hf_interop import check_gpt2_compatible
+from model.mlp import MLP
+from tests.helpers import compose_config, hand_count
+from training.config import to_train_config
+
+V, T, L, H, D = 64, 16, 2, 2, 32
+
+
+def tiny(**overrides) -> GPTConfig:
+    return GPTConfig(**{"vocab_size": V, "block_size": T, "n_layer": L, "n_head": H, "d_model": D, **overrides})
+
+
+def gpt2_count(F: int = 4 * D) -> int:
+    return hand_count(V, T, L, H, D // H, D, F, bias=False)
+
+
+@pytest.mark.parametrize(
+    "activation,expected",
+    [
+        ("gelu_tanh", lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+        ("gelu", torch.nn.functional.gelu),
+        ("relu2", lambda x: torch.relu(x) ** 2),
+    ],
+)
+def test_activation_is_the_named_function(activation, expected):
+    torch.manual_seed(0)
+    mlp = MLP(tiny(activation=activation))
+    x = torch.randn(2, 3, D)
+    torch.testing.assert_close(mlp(x), mlp.down_proj(expected(mlp.up_proj(x))))
+
+
+def test_swiglu_gates_the_up_projection_and_matches_gelu_parameters():
+    torch.manual_seed(0)
+    cfg = tiny(activation="swiglu")
+    mlp = MLP(cfg)
+    x = torch.randn(2, 3, D)
+    gate, up = mlp.up_proj(x).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up))
+    assert cfg.ff_dim == 8 * D // 3 == 85
+    swiglu, gelu = sum(p.numel() for p in mlp.parameters()), 2 * D * 4 * D
+    assert abs(swiglu - gelu) <= 3 * D  # within one hidden unit of GELU's MLP
+    assert tiny(activation="swiglu", d_ff=40).ff_dim == 40  # an explicit d_ff is the gated hidden size
+
+
+def test_relu2_trains_a_different_model_than_gelu():
+    idx = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    a = GPT(tiny())(idx)[0]
+    torch.manual_seed(0)
+    b = GPT(tiny(activation="relu2"))(idx)[0]
+    assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        ({}, gpt2_count()),
+        ({"tie_embeddings": False}, gpt2_count() + V * D),  # the head's own (vocab, d_model) matrix
+        ({"activation": "swiglu"}, gpt2_count() + L * D * (3 * 85 - 2 * 4 * D)),
+        ({"activation": "swiglu", "d_ff": 40}, gpt2_count(F=60)),  # 3 matrices of 40 = 2 of 60
+        ({"norm": "rmsnorm"}, gpt2_count()),  # a gain each, like LayerNorm without bias
+        ({"zero_init_proj": True, "logit_softcap": 30.0, "z_loss": 1e-4}, gpt2_count()),
+    ],
+)
+def test_parameter_count_for_each_knob(overrides, expected):
+    assert GPT(tiny(**overrides)).num_params() == expected
+
+
+def test_swiglu_flops_count_its_third_matrix():
+    gelu, swiglu = GPT(tiny(d_ff=40)), GPT(tiny(d_ff=40, activation="swiglu"))
+    assert swiglu.flops_per_token() - gelu.flops_per_token() == 3 * L * 2 * D * 40  # fwd+bwd of one more matmul
+
+
+def test_untied_head_is_its_own_parameter_and_initialised_like_a_linear():
+    torch.manual_seed(0)
+    model = GPT(tiny(tie_embeddings=False, d_model=128))
+    assert model.lm_head.weight is not model.tok_emb.weight
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_zero_init_proj_starts_every_block_as_the_identity():
+    torch.manual_seed(0)
+    model = GPT(tiny(zero_init_proj=True))
+    for block in model.blocks:
+        assert not block.attn.out_proj.weight.any() and not block.mlp.down_proj.weight.any()
+        assert block.attn.qkv_proj.weight.std().item() == pytest.approx(0.02, rel=0.2)
+        x = torch.randn(2, 5, D)
+        torch.testing.assert_close(block(x), x)
+
+
+def test_rmsnorm_replaces_every_layernorm():
+    model = GPT(tiny(norm="rmsnorm", bias=True))
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    assert sum(isinstance(m, torch.nn.RMSNorm) for m in model.modules()) == 2 * L + 1
+
+
+def test_logit_softcap_bounds_the_logits():
+    torch.manual_seed(0)
+    model = GPT(tiny(logit_softcap=2.0))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(100)  # logits far beyond the cap
+        logits, _ = model(torch.randint(0, V, (2, T)))
+    assert logits.abs().max().item() <= 2.0
+    assert logits.abs().max().item() > 1.9  # and the cap is reached, so the tanh did the bounding
+
+
+def test_z_loss_adds_the_squared_log_normaliser_in_training_only():
+    torch.manual_seed(0)
+    model = GPT(tiny(z_loss=1e-2))
+    idx = torch.randint(0, V, (2, T))
+    targets = idx.clone()
+    targets[:, :4] = -1
+    logits, with_z = model(idx, targets)
+    keep = targets.flatten() != -1
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+    z = torch.logsumexp(logits.flatten(0, 1)[keep], dim=-1).square().mean()
+    torch.testing.assert_close(with_z, ce + 1e-2 * z)
+    assert z.item() > 1.0  # log V ~ 4.2 at init: the term is not negligible
+    model.eval()
+    torch.testing.assert_close(model(idx, targets)[1], ce)  # evaluation reports cross-entropy
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("activation", "gelu"), ("activation", "relu2"), ("activation", "swiglu"), ("norm", "rmsnorm"), ("norm", "batch")],
+)
+def test_unknown_and_known_choices(name, value):
+    cfg = tiny(**{name: value})
+    if value == "batch":
+        with pytest.raises(ValueError, match=r"model.norm='batch' is unknown; choose one of: layernorm, rmsnorm"):
+            cfg.validate()
+    else:
+        cfg.validate()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"activation": "relu2"}, r"model.activation='relu2' cannot be exported to GPT-2, which has 'gelu_tanh'"),
+        ({"norm": "rmsnorm"}, r"model.norm='rmsnorm' cannot be exported to GPT-2, which has 'layernorm'"),
+        ({"tie_embeddings": False}, r"model.tie_embeddings=False cannot be exported to GPT-2, which has True"),
+        ({"logit_softcap": 30.0}, r"model.logit_softcap=30.0 cannot be exported to GPT-2, which has None"),
+    ],
+)
+def test_gpt2_export_refuses_what_gpt2_cannot_express(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_gpt2_compatible(tiny(**overrides))
+    check_gpt2_compatible(tiny(zero_init_proj=True, z_loss=1e-4))  # init and training-only knobs export fine
+
+
+def test_gpt2_model_config_is_gpt2_and_exports():
+    cfg = compose_config(["model=gpt2"]).model
+    assert (cfg.pos_encoding, cfg.activation, cfg.norm, cfg.tie_embeddings, cfg.bias) == (
+        "learned",
+        "gelu_tanh",
+        "layernorm",
+        True,
+        True,
+    )
+    check_gpt2_compatible(GPTConfig(**{**cfg, "vocab_size": 65}))
+    small = compose_config(["model=gpt2_small"]).model
+    assert (small.n_layer, small.d_model, small.block_size, small.bias) == (12, 768, 1024, True)
+
+
+def test_nanogpt_baby_is_nanogpts_cpu_recipe():
+    cfg = compose_config(["+experiment=nanogpt_baby"])
+    m, o = cfg.model, cfg.optim
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, m.dropout, m.bias) == (4, 4, 128, 64, 0.0, False)
+    assert (m.pos_encoding, m.activation, m.tie_embeddings, m.norm) == ("learned", "gelu_tanh", True, "layernorm")
+    assert (o.optimizer, o.lr, o.min_lr, o.warmup_steps, o.schedule, o.beta2) == (
+        "adamw",
+        1e-3,
+        1e-4,
+        100,
+        "cosine",
+        0.99,
+    )
+    assert (cfg.batch_size, cfg.precision) == (12, "fp32")
+    assert math.isclose(o.embedding_weight_decay, o.weight_decay)  # nanoGPT decays every 2-D tensor
+
+
+def test_the_default_run_is_the_measured_recipe():
+    cfg = compose_config([])
+    m, o = cfg.model, cfg.optim
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 64, 24)
+    assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
+        "muon",
+        3e-3,
+        0.02,
+        "wsd",
+        "1-sqrt",
+        0.3,
+    )
+    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 65}))  # the default model still exports to GPT-2
+
+
+def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
+    cfg = compose_config(["+experiment=bpe_budget"])
+    assert (cfg.data.tokenizer, cfg.batch_size, cfg.optim.warmup_steps, cfg.optim.optimizer) == ("gpt2", 12, 20, "muon")
+    assert cfg.model.tie_embeddings and cfg.model.block_size == 64
+
+
+@pytest.mark.parametrize("recipe", ["nanogpt_baby", "bpe_budget"])
+def test_recipes_validate_as_single_runs(recipe, tmp_path):
+    cfg = to_train_config(compose_config([f"+experiment={recipe}", f"out_dir={tmp_path}"]))
+    assert cfg.model.block_size == 64

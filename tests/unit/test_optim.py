@@ -1,0 +1,169 @@
+"""Optimizers and schedules: lr at known points of each shape, parameter groups by role, and the
+Muon + AdamW pair acting as one optimizer (GradScaler, checkpoints)."""
+
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from training.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from training.optim import CombinedOptimizer, Float32Muon, OptimConfig, build_optimizer, lr_at, param_groups, set_lr
+
+TINY = GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, d_model=16)
+
+
+def cfg(**overrides) -> OptimConfig:
+    return OptimConfig(**{"lr": 1.0, "min_lr": 0.1, "warmup_steps": 10, **overrides})
+
+
+def test_warmup_is_linear_in_steps_whatever_the_progress():
+    c = cfg(schedule="wsd")
+    assert lr_at(0, 0.0, c) == pytest.approx(0.1)
+    assert lr_at(4, 0.9, c) == pytest.approx(0.5)
+    assert lr_at(9, 0.0, c) == pytest.approx(1.0)
+
+
+def test_cosine_runs_from_lr_to_min_lr_over_progress():
+    c = cfg()
+    assert lr_at(10, 0.0, c) == pytest.approx(1.0)
+    assert lr_at(10, 0.5, c) == pytest.approx(0.55)  # halfway down
+    assert lr_at(10, 0.25, c) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert lr_at(10, 1.0, c) == pytest.approx(0.1)
+    assert lr_at(10, 1.7, c) == pytest.approx(0.1)  # past the end: the floor
+
+
+@pytest.mark.parametrize(
+    "cooldown,expected_mid",
+    [("linear", 0.1 + 0.9 * 0.5), ("1-sqrt", 0.1 + 0.9 * (1 - math.sqrt(0.5)))],
+)
+def test_wsd_is_flat_then_cools_down_over_the_last_fraction(cooldown, expected_mid):
+    c = cfg(schedule="wsd", cooldown_frac=0.2, cooldown=cooldown)
+    assert lr_at(50, 0.3, c) == lr_at(50, 0.8, c) == pytest.approx(1.0)  # stable until 1 - cooldown_frac
+    assert lr_at(50, 0.9, c) == pytest.approx(expected_mid)  # half-way through the cooldown
+    assert lr_at(50, 1.0, c) == pytest.approx(0.1)
+    assert lr_at(50, 0.85, c) > lr_at(50, 0.95, c)
+
+
+def test_unknown_schedule_choices_are_refused():
+    with pytest.raises(ValueError, match=r"optim.schedule='step' is unknown; choose one of: cosine, wsd"):
+        OptimConfig(schedule="step").validate()
+    with pytest.raises(ValueError, match=r"optim.cooldown='cosine' is unknown; choose one of: linear, 1-sqrt"):
+        OptimConfig(cooldown="cosine").validate()
+    with pytest.raises(ValueError, match=r"optim.cooldown_frac=0 is invalid; it must be in \(0, 1\]"):
+        OptimConfig(cooldown_frac=0).validate()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_groups_by_role_cover_every_parameter_once(tie):
+    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": tie, "bias": True}))
+    groups = param_groups(model, OptimConfig())
+    ids = [id(p) for ps in groups.values() for p in ps]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters()) and len(ids) == len(set(ids))
+    assert all(p.dim() == 2 for p in groups["hidden"]) and len(groups["hidden"]) == 4 * 2  # qkv, W_O, up, down
+    assert all(p.dim() == 1 for p in groups["gain"])
+    assert len(groups["embedding"]) == 2  # token and position tables (a tied head is the token table)
+    assert [p is model.lm_head.weight for p in groups["head"]] == ([] if tie else [True])
+
+
+def test_adamw_decays_matrices_but_not_embeddings_gains_or_biases():
+    model = GPT(GPTConfig(**{**TINY.__dict__, "bias": True}))
+    opt = build_optimizer(model, OptimConfig(weight_decay=0.1), "cpu")
+    decay = {g["role"]: g["weight_decay"] for g in opt.param_groups}
+    assert decay == {"hidden": 0.1, "embedding": 0.0, "gain": 0.0}
+    opt = build_optimizer(model, OptimConfig(embedding_weight_decay=0.05), "cpu")
+    assert {g["role"]: g["weight_decay"] for g in opt.param_groups}["embedding"] == 0.05
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False}))
+    opt = build_optimizer(model, OptimConfig(optimizer="muon", lr=0.004, muon_lr=0.02), "cpu")
+    assert isinstance(opt, CombinedOptimizer)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert {id(p) for g in muon.param_groups for p in g["params"]} == {
+        id(p) for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2
+    }
+    assert model.lm_head.weight in adamw.param_groups[0]["params"]
+    set_lr(opt, 0.002)  # the schedule at half its peak: every group at half its own peak
+    assert {g["role"]: g["lr"] for g in opt.param_groups} == pytest.approx(
+        {"hidden": 0.01, "head": 0.002, "embedding": 0.002, "gain": 0.002}
+    )
+
+
+def step(model: GPT, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, seed: int) -> None:
+    x = torch.randint(0, 17, (4, 8), generator=torch.Generator().manual_seed(seed))
+    scaler.scale(model(x, x)[1]).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def muon_pair(seed: int) -> tuple[GPT, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = GPT(TINY)
+    return model, build_optimizer(model, OptimConfig(optimizer="muon", lr=1e-2), "cpu")
+
+
+def test_combined_optimizer_trains():
+    model, opt = muon_pair(0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randint(0, 17, (4, 8), generator=torch.Generator().manual_seed(9))
+    first = model(x, x)[1].item()
+    for _ in range(20):
+        step(model, opt, scaler, seed=9)
+    assert all(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True)), "a parameter never moved"
+    assert model(x, x)[1].item() < first - 0.5
+
+
+def test_grad_scaler_unscales_every_group_of_the_combined_optimizer():
+    (plain, plain_opt), (scaled, scaled_opt) = muon_pair(0), muon_pair(0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)  # a power of two: unscaling is exact
+    x = torch.randint(0, 17, (4, 8), generator=torch.Generator().manual_seed(9))
+    plain(x, x)[1].backward()
+    scaler.scale(scaled(x, x)[1]).backward()
+    scaler.unscale_(scaled_opt)
+    for a, b in zip(scaled.parameters(), plain.parameters(), strict=True):
+        assert a.grad.equal(b.grad)
+    scaler.step(scaled_opt)
+    plain_opt.step()
+    for a, b in zip(scaled.parameters(), plain.parameters(), strict=True):
+        assert a.equal(b)
+
+
+def test_combined_optimizer_round_trips_through_a_checkpoint(tmp_path):
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    model, opt = muon_pair(0)
+    for i in range(3):
+        step(model, opt, scaler, seed=i)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, {"step": 3})
+    fresh, fresh_opt = muon_pair(1)
+    ckpt = load_checkpoint(path)
+    fresh.load_state_dict(model.state_dict())
+    restore_optimizer(fresh_opt, ckpt)
+    assert fresh_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    step(model, opt, scaler, seed=3)
+    step(fresh, fresh_opt, scaler, seed=3)
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert a.equal(b)
+
+
+def test_float32_muon_takes_torchs_muon_step_up_to_bf16_rounding():
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(24, 8)), torch.nn.Parameter(torch.randn(8, 24))]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    starts = [w.detach().clone() for w in weights]
+    ours, theirs = Float32Muon(weights, lr=0.1, weight_decay=0.1), torch.optim.Muon(copies, lr=0.1, weight_decay=0.1)
+    for _ in range(2):
+        for w, c in zip(weights, copies, strict=True):
+            w.grad = torch.randn_like(w)
+            c.grad = w.grad.clone()
+        ours.step()
+        theirs.step()
+    for w, c, start in zip(weights, copies, starts, strict=True):
+        moved = (c - start).abs().max().item()
+        assert moved > 0.1 and (w - c).abs().max().item() < 0.05 * moved
+        assert ours.state[w]["momentum_buffer"].equal(theirs.state[c]["momentum_buffer"])
