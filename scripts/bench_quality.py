@@ -42,6 +42,20 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
+    "adamw": [
+        "optim=adamw",
+        "optim.lr=3e-3",
+        "optim.min_lr=3e-4",
+        "optim.schedule=wsd",
+        "optim.cooldown=1-sqrt",
+        "optim.cooldown_frac=0.3",
+    ],
+    "cosine": ["optim.schedule=cosine"],
+    "batch_12": ["batch_size=12"],
+    "relu2": ["model.activation=relu2"],
+    "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],
+    "untied": ["model.tie_embeddings=false"],
 }
 
 

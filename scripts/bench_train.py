@@ -45,7 +45,7 @@ from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
 from training.config import TrainConfig, register_configs
-from training.runtime import device_name, mfu, peak_flops, resolve_device
+from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
 from training.trainer import Trainer, train
 
 
@@ -215,14 +215,14 @@ def run_worker(payload: dict | list[dict]) -> dict | list[dict] | None:
 def throughput_table(args: argparse.Namespace) -> None:
     eager = [
         {"backend": backend, "precision": precision, "compile": False}
-        for precision in ("fp32", "bf16")
+        for precision in args.dtypes
         for backend in ("explicit", "sdpa", "auto")
     ]
     try:
         import transformers  # noqa: F401
 
-        eager += [{"hf": "gelu_new", "precision": p, "compile": False} for p in ("fp32", "bf16")]
-        eager.append({"hf": "gelu_pytorch_tanh", "precision": "bf16", "compile": False})
+        eager += [{"hf": "gelu_new", "precision": p, "compile": False} for p in args.dtypes]
+        eager += [{"hf": "gelu_pytorch_tanh", "precision": p, "compile": False} for p in args.dtypes if p == "bf16"]
     except ImportError:
         print("(transformers is not installed: no HF GPT2 rows)")
     compiled = [] if args.no_compile else [job | {"compile": True} for job in eager if not job.get("hf")]
@@ -256,13 +256,14 @@ def throughput_table(args: argparse.Namespace) -> None:
             f"{r['tokens_per_s'] / base:>8.2f}{r['mfu']:>7.1%}{r['peak_mem_mb']:>9,.0f}{r['batch_fraction']:>9.2%}",
             flush=True,
         )
-    default = by_row.get((None, "auto", "bf16", "eager"))
+    best = "bf16" if "bf16" in args.dtypes else "fp32"  # what precision=auto takes on this machine
+    default = by_row.get((None, "auto", best, "eager"))
     if default and base:
-        print(f"\ndefault (auto, bf16, eager) / fp32 explicit eager: {default / base:.2f}x")
+        print(f"\ndefault (auto, {best}, eager) / fp32 explicit eager: {default / base:.2f}x")
         for activation in ("gelu_new", "gelu_pytorch_tanh"):
-            hf = by_row.get((activation, "sdpa", "bf16", "eager"))
+            hf = by_row.get((activation, "sdpa", best, "eager"))
             if hf:
-                print(f"default / HF GPT2 ({activation}, bf16, eager): {default / hf:.2f}x")
+                print(f"default / HF GPT2 ({activation}, {best}, eager): {default / hf:.2f}x")
 
 
 def loop_table(args: argparse.Namespace) -> None:
@@ -307,6 +308,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     parser.add_argument("--memory-sizes", type=int, nargs="*", default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--memory-precision", default="bf16")
+    parser.add_argument("--dtypes", nargs="*", choices=("fp32", "bf16"), help="default: bf16 too where it is native")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     args = parser.parse_args()
@@ -322,8 +324,14 @@ def main() -> None:
         f"attnlab bench_train: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, device {device} "
         f"({device_name(device)}), {torch.get_num_threads()} threads"
     )
-    peaks = {p: peak_flops(device, p, remeasure=True) for p in ("fp32", "bf16")}  # fresh, in this run
-    print(f"matmul peak: fp32 {peaks['fp32'] / 1e12:.3f} TFLOP/s, bf16 {peaks['bf16'] / 1e12:.3f} TFLOP/s")
+    args.dtypes = args.dtypes or (["fp32", "bf16"] if device.type == "cuda" or cpu_supports_bf16() else ["fp32"])
+    peaks = {p: peak_flops(device, p, remeasure=True) for p in args.dtypes}  # fresh, in this run
+    print("matmul peak: " + ", ".join(f"{p} {peak / 1e12:.3f} TFLOP/s" for p, peak in peaks.items()))
+    if "bf16" not in args.dtypes:
+        print(
+            "(no bf16 rows: this CPU has no native bf16 matmul, so autocast would emulate it; "
+            "--dtypes fp32 bf16 forces them)"
+        )
     throughput_table(args)
     loop_table(args)
     if args.memory_sizes:

@@ -55,8 +55,8 @@ class OptimConfig:
                     f"optim.{name}={getattr(self, name)!r} is unknown; choose one of: {', '.join(allowed)}"
                 )
         for name in ("lr", "muon_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be > 0")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr={self.min_lr} is invalid; it must be in [0, optim.lr={self.lr}]")
         if self.warmup_steps < 0:
@@ -64,13 +64,15 @@ class OptimConfig:
         if not 0 < self.cooldown_frac <= 1:
             raise ValueError(f"optim.cooldown_frac={self.cooldown_frac} is invalid; it must be in (0, 1]")
         for name in ("weight_decay", "embedding_weight_decay", "muon_weight_decay"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be >= 0")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number >= 0")
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be in [0, 1)")
-        if self.grad_clip < 0:
-            raise ValueError(f"optim.grad_clip={self.grad_clip} is invalid; it must be >= 0 (0 disables)")
+        if not 0 <= self.grad_clip < math.inf:  # NaN fails both comparisons
+            raise ValueError(
+                f"optim.grad_clip={self.grad_clip} is invalid; it must be a finite number >= 0 (0 disables)"
+            )
 
 
 def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:

@@ -49,7 +49,7 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
     [
         ("model.d_model=-4", r"model.d_model=-4 is invalid; it must be >= 1"),
         ("model.dropout=-0.1", r"model.dropout=-0.1 is invalid; it must be in \[0, 1\)"),
-        ("optim.lr=-1", r"optim.lr=-1.0 is invalid; it must be > 0"),
+        ("optim.lr=-1", r"optim.lr=-1.0 is invalid; it must be a finite number > 0"),
         ("max_steps=0", r"max_steps=0 is invalid; it must be >= 1"),
         ("grad_accum_steps=0", r"grad_accum_steps=0 is invalid; it must be >= 1"),
         ("keep_last=0", r"keep_last=0 is invalid; it must be >= 1"),

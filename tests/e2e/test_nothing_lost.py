@@ -186,6 +186,8 @@ def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_
         ("sample_prompt=ZZ@", r"sample_prompt='ZZ@' cannot be encoded by the char tokenizer"),
         ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train; this cpu has"),
         ("budget_s=0", r"budget_s=0.0 is invalid; it must be a finite number of seconds > 0"),
+        ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
+        ("optim.grad_clip=nan", r"optim.grad_clip=nan is invalid; it must be a finite number >= 0"),
     ],
 )
 def test_a_refused_command_leaves_no_directory_behind(corpus_args, tmp_path, override, message):

@@ -59,7 +59,7 @@ def test_a_second_fresh_run_refuses_to_overwrite(tiny_run_overrides, tmp_path):
         ("model.n_head=0", r"model.n_head=0 is invalid"),
         ("model.d_k=0", r"model.d_k=0 is invalid"),
         ("model.dropout=1.5", r"model.dropout=1.5 is invalid"),
-        ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be > 0"),
+        ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be a finite number > 0"),
         ("data.tokenizer=bpe", r"data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
         ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
         ("model.block_size=100000", r"the train split has \d+ tokens, fewer than one batch needs"),
