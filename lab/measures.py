@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from analysis.attention import attention_maps
+from analysis.head_importance import masked_loss
 from analysis.head_mask import head_gates
 from model import GPT
 
@@ -28,11 +29,11 @@ def check_length(model: GPT, idx: Tensor, at_least: int = 1) -> None:
 
 @torch.no_grad()
 def prompt_loss(model: GPT, idx: Tensor, gates: Tensor | None = None) -> float:
-    """Mean next-token cross-entropy (nats) of the prompt's tokens idx (T,): token t+1 predicted from 0..t."""
+    """Mean next-token cross-entropy (nats) of the prompt's tokens idx (T,): token t+1 predicted from 0..t,
+    with the heads whose gate is 0 switched off: the head-importance analysis's own `masked_loss`."""
     check_length(model, idx, at_least=2)
-    with gated(model, gates):
-        _, loss = model(idx[None, :-1], targets=idx[None, 1:])
-    return float(loss)
+    heads_off = [] if gates is None else [tuple(lh) for lh in (gates == 0).nonzero().tolist()]
+    return masked_loss(model, idx, heads_off)
 
 
 @torch.no_grad()
