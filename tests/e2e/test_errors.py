@@ -55,9 +55,27 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("keep_last=0", r"keep_last=0 is invalid; it must be >= 1"),
         ("on_nonfinite=ignore", r"on_nonfinite='ignore' is unknown; choose one of: stop, skip"),
         ("data.source=web", r"data.source='web' is unknown; choose one of: shakespeare, hub, files"),
+        ("model.n_head=0", r"model.n_head=0 is invalid"),
+        ("model.d_k=0", r"model.d_k=0 is invalid"),
+        ("model.dropout=1.5", r"model.dropout=1.5 is invalid"),
+        ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be a finite number > 0"),
+        ("data.tokenizer=bpe", r"data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
+        ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
+        ("model.block_size=100000", r"the train split has \d+ tokens, fewer than one batch needs"),
+        ("batch_size=0", r"batch_size=0 is invalid"),
+        ("precision=fp8", r"precision='fp8' is unknown"),
+        ("+model.nhead=4", r"unknown config key model.nhead \(did you mean model.n_head\?\)"),
+        ("seed=-1", r"seed=-1 is invalid; it must be an integer in \[0, 2\*\*63\)"),
+        ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
+        ("optim.grad_clip=nan", r"optim.grad_clip=nan is invalid"),
+        ("budget_s=-5", r"budget_s=-5.0 is invalid"),
+        ("max_steps=null", r"max_steps and budget_s are both null"),
+        ("sample_prompt=ZZ@", r"sample_prompt='ZZ@': the prompt cannot be encoded"),
+        ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train"),
     ],
 )
 def test_bad_config_values(run, tmp_path, override, message):
+    # The one table of bad values; tests/e2e/test_nothing_lost.py runs a few through the CLI.
     with pytest.raises(ValueError, match=message) as info:
         run_train([*run, override])
     one_line(info)
