@@ -183,6 +183,10 @@ class Meter:
             initial=int(trainer.state.elapsed_s) if self.by_time else self.step,
             total=int(cfg.budget_s) if self.by_time else cfg.max_steps,
             unit="s" if self.by_time else "step",
+            # under a budget the rate would read "1.00s/s": show seconds done of the budget instead
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s [{elapsed}<{remaining}{postfix}]"
+            if self.by_time
+            else None,
             disable=not cfg.progress or not trainer.dist.is_main,
             dynamic_ncols=True,
             desc="train",
