@@ -83,13 +83,13 @@ def heads_from(body: dict) -> list[tuple[int, int]]:
     return [(int(layer), int(head)) for layer, head in heads]
 
 
-def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, settings: dict) -> dict:
+def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, settings: SamplingParams) -> dict:
     """Loss on the prompt, top-10 next tokens and a sample, with the given gates (None = full model)."""
     model, tokenizer = session.model, session.tokenizer
     loss = prompt_loss(model, idx, gates) if idx.shape[0] >= 2 else None
     top = [{"token": tokenizer.decode([i]), "p": p} for i, p in next_token_top(model, idx, 10, gates)]
     with gated(model, gates):
-        text = "".join(stream_text(session, idx, settings))
+        text = "".join(stream_text(model, tokenizer, idx.tolist(), settings, session.device))
     return {"loss": loss, "top": top, "sample": text}
 
 

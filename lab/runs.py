@@ -39,10 +39,13 @@ def split_table(text: str) -> dict[str, list]:
 
 
 def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
-    """The report's ablation table and its list of runs that did not complete, with its first line."""
-    unfinished = report.unfinished_table(runs, root)
+    """The report's ablation table (cells grouped by every key the sweep varies, against the first cell)
+    and its list of runs that did not complete, with its first line."""
+    keys = sweep.varying_keys(runs)
+    cells = sweep.group_cells(runs, keys)
+    unfinished = report.unfinished_table(runs, root, keys)
     return {
-        "table": split_table(report.table(sweep.aggregate(runs))),
+        "table": split_table(report.table(cells, report.choose_reference(cells, None))),
         "unfinished": split_table(unfinished),
         "note": unfinished.splitlines()[0],
     }
