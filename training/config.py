@@ -49,7 +49,7 @@ class TrainConfig:
     keep_last: int = 2  # step checkpoints kept (plus best.safetensors)
     on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss or gradient does
     sample_tokens: int = 300  # printed after training; 0 skips
-    sample_prompt: str = "\n"
+    sample_prompt: str = ""  # "": start as a new document does (after the end-of-text token)
     progress: bool = True
 
     def validate(self) -> None:

@@ -52,6 +52,8 @@ def check_prompt(data: PreparedData, prompt: str, sample_tokens: int) -> list[in
 
     if sample_tokens == 0:
         return []
+    if not prompt:
+        return [data.tokenizer.eot_id]  # the default: start the sample as a new document starts
     try:
         return encode_prompt(data.tokenizer, prompt, data.vocab_size)
     except ValueError as e:

@@ -147,16 +147,17 @@ def test_resume_path_that_does_not_exist(run, tmp_path):
         run_train([*run, f"resume={tmp_path / 'gone.safetensors'}"])
 
 
-def test_resume_auto_skips_a_damaged_newest_and_refuses_when_none_is_valid(run, tmp_path, finished):
+def test_resume_auto_refuses_a_damaged_newest_and_an_older_one_resumes_by_path(run, tmp_path, finished):
     shutil.copytree(finished, tmp_path / "run" / "checkpoints")
     newest = tmp_path / "run" / "checkpoints" / "step_0000010.safetensors"
     newest.write_bytes(newest.read_bytes()[:1000])
-    run_train([*run, "max_steps=12", "resume=auto"])  # continues from step 5
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000012.safetensors").meta["step"] == 12
-    for path in (tmp_path / "run" / "checkpoints").glob("step_*"):
-        path.write_bytes(b"\0" * 64)
-    with pytest.raises(ValueError, match=r"resume=auto found no valid checkpoint in .*; pass overwrite=true"):
-        run_train([*run, "max_steps=14", "resume=auto"])
+    damaged = newest.read_bytes()
+    with pytest.raises(ValueError, match=r"resume=auto: the newest checkpoint cannot be read \(checkpoint .*"):
+        run_train([*run, "max_steps=12", "resume=auto"])  # never back to step 5, overwriting step 10
+    assert newest.read_bytes() == damaged
+    older = tmp_path / "run" / "checkpoints" / "step_0000005.safetensors"
+    with pytest.raises(ValueError, match=r"holds checkpoints that step_0000005.safetensors does not continue"):
+        run_train([*run, "max_steps=12", f"resume={older}"])
 
 
 def test_foreign_checkpoint_into_a_directory_of_another_run(run, tmp_path, finished):
@@ -225,8 +226,14 @@ def test_cli_refuses_another_runs_directory_in_one_line(run, tmp_path):
     cmd = [sys.executable, "train.py", *run]
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1
-    assert again.stderr.strip().splitlines()[-1] == (
-        f"error: {tmp_path / 'run' / 'checkpoints'} already holds another run's checkpoints; "
-        "pass resume=auto to continue it or overwrite=true to start over"
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: {tmp_path / 'run'} already holds another run's files (checkpoints, config.yaml, ")
+    )
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .endswith("pass resume=auto to continue it, overwrite=true to replace it, or another out_dir")
     )
     assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()} == before

@@ -42,7 +42,7 @@ def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["nowhere"], "error: checkpoint 'nowhere/checkpoints/best.safetensors' does not exist; give a"),
+        (["nowhere"], "error: run directory 'nowhere' holds no checkpoint (no checkpoints/best.safetensors"),
         (["RUN", "--tokens", "0"], "error: --tokens 0 is invalid; it must be >= 1"),
         (["RUN", "--text", "missing.txt"], "error: --text 'missing.txt' does not exist"),
     ],
