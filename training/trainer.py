@@ -183,6 +183,11 @@ class Trainer:
                 probe.train_model = torch.compile(probe.model)
             cfg.max_steps = fairness.max_steps_for(cfg.fairness, probe)
         cfg.max_steps = distributed.broadcast_object(cfg.max_steps, self.dist)  # rank 0's timing decides
+        if self.dist.enabled and cfg.distributed.strategy == "fsdp" and cfg.optim.optimizer == "muon":
+            raise ValueError(
+                "optim.optimizer=muon does not shard under distributed.strategy=fsdp yet (its checkpoint state "
+                "is not gathered); use optim=adamw, or distributed.strategy=ddp"
+            )
         self.train_model, self.optimizer = distributed.wrap(
             self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
         )
