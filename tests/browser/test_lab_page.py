@@ -182,4 +182,4 @@ def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
         page.close()
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0, "Ctrl-C stops the server cleanly"
+        assert process.wait(timeout=120) == 0, "Ctrl-C stops the server cleanly"  # a loaded CI machine is slow

@@ -183,7 +183,7 @@ def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_
         ("+foo=1", r"unknown config key foo"),
         ("seed=-1", r"seed=-1 is invalid; it must be an integer in \[0, 2\*\*63\)"),
         ("seed=99999999999999999999", r"seed=99999999999999999999 is invalid"),
-        ("sample_prompt=ZZ@", r"sample_prompt='ZZ@' cannot be encoded by the char tokenizer"),
+        ("sample_prompt=ZZ@", r"sample_prompt='ZZ@': the prompt cannot be encoded: characters '@', 'Z' are not in"),
         ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train; this cpu has"),
         ("budget_s=0", r"budget_s=0.0 is invalid; it must be a finite number of seconds > 0"),
         ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
