@@ -307,7 +307,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (+2 for compiled rows)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     parser.add_argument("--memory-sizes", type=int, nargs="*", default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--memory-precision", default="bf16")
+    parser.add_argument("--memory-precision", default="fp32")
     parser.add_argument("--dtypes", nargs="*", choices=("fp32", "bf16"), help="default: bf16 too where it is native")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
