@@ -6,6 +6,7 @@ A problem the user can fix exits non-zero with one line `error: ...`.
 """
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         server = make_server(session, args.host, args.port)
     except OSError as e:  # port taken, unknown host, no permission
         sys.exit(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
+    # Ctrl-C stops the server even when a shell started it in the background (which ignores SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"attnlab lab: {session.checkpoint} at {url_of(server)}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
