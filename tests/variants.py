@@ -5,6 +5,9 @@ builds its model with them, so no-leak, cached-vs-uncached and explicit-vs-sdpa 
 """
 
 import pytest
+import torch
+
+from model import GPT, GPTConfig
 
 VARIANTS: dict[str, dict] = {
     "learned": {},  # GPT-2
@@ -26,3 +29,19 @@ def variant_cases(head_grid: list[tuple[int, int | None]]) -> list:
     cases = [pytest.param("learned", n_head, d_k, id=f"learned-{n_head}-{d_k}") for n_head, d_k in head_grid]
     cases += [pytest.param(name, *VARIANT_HEADS, id=name) for name in VARIANTS if name != "learned"]
     return cases
+
+
+def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, vocab_size: int, block_size: int) -> GPT:
+    """The tests' small GPT (2 layers, d_model 48) of one variant, seeded, in eval mode."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=vocab_size,
+        block_size=block_size,
+        n_layer=2,
+        n_head=n_head,
+        d_model=48,
+        d_k=d_k,
+        attn_backend=backend,
+        **VARIANTS[variant],
+    )
+    return GPT(cfg).eval()

@@ -4,10 +4,10 @@ for every attention/position variant (tests/variants.py)."""
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT
 from model.attention import attention_weights, build_causal_mask
 from model.kv_cache import token_positions
-from tests.variants import VARIANTS, variant_cases
+from tests.variants import variant_cases, variant_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -18,18 +18,7 @@ CASES = variant_cases(HEAD_GRID)
 
 
 def make_model(backend: str, n_head: int, d_k: int | None, variant: str = "learned") -> GPT:
-    torch.manual_seed(0)
-    cfg = GPTConfig(
-        vocab_size=VOCAB,
-        block_size=T,
-        n_layer=2,
-        n_head=n_head,
-        d_model=48,
-        d_k=d_k,
-        attn_backend=backend,
-        **VARIANTS[variant],
-    )
-    return GPT(cfg).eval()
+    return variant_model(backend, n_head, d_k, variant, VOCAB, T)
 
 
 def logits_through_cache(model: GPT, idx: torch.Tensor) -> torch.Tensor:

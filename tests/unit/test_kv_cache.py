@@ -4,10 +4,10 @@ for every attention/position variant (tests/variants.py)."""
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT
 from model.generate import pad_prompts
 from model.kv_cache import KVCache, token_positions
-from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases
+from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases, variant_model
 
 VOCAB = 64
 BACKENDS = ["explicit", "sdpa", "materialized"]
@@ -25,18 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make_model(
     backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256, variant: str = "learned"
 ) -> GPT:
-    torch.manual_seed(0)
-    cfg = GPTConfig(
-        vocab_size=VOCAB,
-        block_size=block_size,
-        n_layer=2,
-        n_head=n_head,
-        d_model=48,
-        d_k=d_k,
-        attn_backend=backend,
-        **VARIANTS[variant],
-    )
-    model = GPT(cfg).eval()
+    model = variant_model(backend, n_head, d_k, variant, VOCAB, block_size)
     # GPT-2's init gives near-uniform logits; wider weights make the argmax decisive, so a greedy
     # comparison tests the cache rather than the tie-breaking of nearly equal logits.
     with torch.no_grad():
