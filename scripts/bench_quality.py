@@ -56,6 +56,8 @@ RECIPES = {
     "relu2": ["model.activation=relu2"],
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],
     "untied": ["model.tie_embeddings=false"],
+    # GPT-2's BPE (50257 tokens): compare with the char recipes in bits/byte.
+    "bpe_budget": ["+experiment=bpe_budget"],
 }
 
 
