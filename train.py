@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from cli import train_output as cli
+from cli.config import register_configs, to_train_config
 from training import distributed
-from training.config import register_configs, to_train_config
 from training.guards import RunInterrupted
 from training.loggers import log_to_file
 from training.trainer import train
@@ -75,5 +75,5 @@ if __name__ == "__main__":
     if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help stays under --hydra-help
         print(cli.help_text(Path(__file__).parent / "configs"))
         sys.exit(0)
-    sys.argv = distributed.hydra_argv(sys.argv, distributed.env_info())
+    sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
     main()

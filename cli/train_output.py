@@ -4,6 +4,7 @@ and how to sample from it or continue it, and the sweep's closing hint.
 """
 
 import logging
+import os
 import shlex
 import sys
 import time
@@ -14,10 +15,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from training.distributed import DistInfo
 from training.guards import continue_command
-from training.run_dir import newest_run, point_latest
-
-__all__ = ["point_latest"]
 
 OUTPUTS = Path("outputs")
 
@@ -52,6 +51,23 @@ def new_run_dir(root: Path = OUTPUTS) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def newest_run(root: Path) -> Path | None:
+    """The most recently written run under `root` that holds a step checkpoint (for error hints)."""
+    runs = [p.parent.parent for p in Path(root).glob("**/checkpoints/step_*.safetensors")]
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+
+
+def point_latest(root: Path, run: Path) -> None:
+    """`root/latest` -> `run`, replaced atomically (a symlink, relative, so the tree can move)."""
+    link = Path(root) / "latest"
+    if link.exists() and not link.is_symlink():
+        return  # someone's own file or folder named latest: not ours to replace
+    tmp = link.with_name(f".latest.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
+    os.replace(tmp, link)
 
 
 def nothing_to_resume(out_dir: Path) -> ValueError:
@@ -115,3 +131,13 @@ def help_text(config_dir: Path) -> str:
         "  python train.py --cfg job                   # print the resolved config and exit",
     ]
     return "\n".join(lines)
+
+
+def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
+    """Hydra's command line on this rank: ranks other than 0 write nothing of their own (their clocks
+    would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory."""
+    if info.is_main:
+        return argv
+    ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "stdout"}
+    kept = [arg for arg in argv if arg.split("=", 1)[0].lstrip("+~") not in ours]
+    return [*kept, *(f"{key}={value}" for key, value in ours.items())]

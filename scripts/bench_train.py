@@ -40,11 +40,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from cli.config import register_configs
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
-from training.config import TrainConfig, register_configs
+from training.config import TrainConfig
 from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
 from training.trainer import Trainer, train
 

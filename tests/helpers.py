@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from training.config import register_configs
+from cli.config import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
@@ -57,7 +57,7 @@ def hand_count(V, T, L, H, dk, D, F, bias, H_kv=None, qk_norm=False, learned_pos
 
 def tiny_config(tmp_path: Path, *overrides: str):
     """The real configs composed for a seconds-long run on a generated corpus under tmp_path, validated."""
-    from training.config import to_train_config
+    from cli.config import to_train_config
 
     files = write_corpus(tmp_path / "corpus")
     return to_train_config(

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
+from cli.config import to_train_config
 from model import GPT, GPTConfig
 from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
 from model.generate import pad_prompts
 from model.materialized_attention import causal_materialized_attention
 from tests.helpers import compose_config
 from tests.variants import VARIANTS
-from training.config import to_train_config
 from training.trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

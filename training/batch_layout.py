@@ -1,10 +1,7 @@
-"""How an optimizer step's global batch is dealt out to ranks and micro-steps.
-
-The global batch (sequences per optimizer step) does not depend on the number of processes. Its
-sequences are the micro-batches a one-process run would draw, dealt out to the ranks in turn, so a
-run on W processes sees exactly the windows of a one-process run and, up to float rounding,
-produces the same losses (tests/test_distributed.py).
-"""
+"""How an optimizer step's global batch is dealt out to ranks and micro-steps. The global batch does not
+depend on the number of processes: its sequences are the micro-batches a one-process run would draw,
+dealt out to the ranks in turn, so W processes train on exactly a one-process run's windows and,
+up to float rounding, produce its losses (tests/e2e/test_distributed.py)."""
 
 from dataclasses import dataclass
 
@@ -13,36 +10,25 @@ from training.distributed import DistInfo
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """How one optimizer step's sequences are spread over ranks and micro-steps.
-
-    The step's `global_batch_size` sequences are `global_batch_size / batch_size` reference
-    micro-batches of `batch_size` (those a one-process run draws), each cut into `split` equal
-    parts; rank r's micro-step m runs part `m * world_size + r`. `split` is 1 unless the reference
-    micro-batches are too few to give every rank whole ones.
-    """
+    """The step's `global_batch_size / batch_size` reference micro-batches (those a one-process run draws)
+    are each cut into `split` equal parts (1 unless there are too few to give every rank whole ones);
+    rank r's micro-step m runs part `m * world_size + r`."""
 
     micro_batch: int  # sequences per forward on each rank
     accum_steps: int  # micro-steps per rank per optimizer step
     split: int  # parts each reference micro-batch is cut into
 
     def locate(self, micro: int, info: DistInfo) -> tuple[int, slice]:
-        """Where this rank's micro-step `micro` lies: the reference micro-batch to draw (its
-        `micro_step` for data.batches.sample_batch, with rank=0) and the rows of it to train on.
-
-        rank=0 on purpose: the global part index already tells ranks apart, and keeps the data
-        identical to a one-process run's.
-        """
+        """This rank's micro-step `micro`: the reference micro-batch to draw (its `micro_step` for
+        data.batches.sample_batch, drawn as rank 0 would, so the data is a one-process run's) and its rows."""
         part = micro * info.world_size + info.rank
         lo = (part % self.split) * self.micro_batch
         return part // self.split, slice(lo, lo + self.micro_batch)
 
 
 def batch_layout(batch_size: int, grad_accum_steps: int, global_batch_size: int | None, world_size: int) -> BatchLayout:
-    """Per-rank micro-batch and accumulation steps for a global batch that does not depend on world size.
-
-    `global_batch_size=None` means batch_size * grad_accum_steps, so a config trains on the same
-    sequences, with the same losses, under any number of processes that divides it evenly.
-    """
+    """Per-rank micro-batch and accumulation steps; `global_batch_size=None` means batch_size *
+    grad_accum_steps, so a config trains on the same sequences under any world size that divides it."""
     total = global_batch_size if global_batch_size is not None else batch_size * grad_accum_steps
     if total % batch_size:
         raise ValueError(f"global_batch_size ({total}) must be a multiple of batch_size ({batch_size})")

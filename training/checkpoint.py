@@ -26,7 +26,6 @@ from torch import Tensor, nn
 FORMAT = "attnlab-checkpoint"
 FORMAT_VERSION = 2  # 2: adds the sha256 digest
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and DDP
-# First bytes of the two formats torch.save writes; we name them rather than call them corrupt.
 
 
 @dataclass
@@ -65,17 +64,15 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def capture_rng_state() -> tuple[dict[str, Tensor], dict[str, Any]]:
-    tensors = {"rng.torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = state
+    """torch's streams as tensors; Python's and NumPy's (which a user's change may draw from) in the header."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    tensors = {"rng.torch": torch.get_rng_state()} | {f"rng.cuda.{i}": state for i, state in enumerate(cuda)}
     py_version, py_state, py_gauss = random.getstate()
     np_state = np.random.get_state()
-    info = {
+    return tensors, {
         "python": [py_version, list(py_state), py_gauss],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
     }
-    return tensors, info
 
 
 def restore_rng_state(ckpt: Checkpoint) -> None:
@@ -121,12 +118,7 @@ def digest(header: str, tensors: dict[str, Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(
-    path: str | Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    meta: dict[str, Any],
-) -> Path:
+def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: dict) -> Path:
     """Write model + optimizer + RNG + meta atomically to `path`."""
     path = Path(path)
     tensors = {f"model.{k}": v for k, v in clean_state_dict(model).items()}
@@ -163,32 +155,25 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         raise
     finally:
         tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a crash once the directory is synced
+    os.fsync(dir_fd)
+    os.close(dir_fd)
 
 
 def looks_like_pickle(head: bytes) -> bool:
-    """A pickle (protocol 2-5) or torch.save zip, told apart from a damaged safetensors file.
-
-    A safetensors file starts with an 8-byte header length, whose low byte may well be 0x80, and
-    then its JSON header's `{`; a pickle's opcodes put no `{` at offset 8 in practice.
-    """
+    """A pickle (protocol 2-5) or torch.save zip, named rather than called a damaged safetensors file
+    (whose 8-byte header length may start with 0x80 too, but is followed by its JSON header's `{`)."""
     if head.startswith(b"PK\x03\x04"):
         return True
     return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") and head[8:9] != b"{"
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint; refuse anything that is not a whole, unmodified attnlab checkpoint.
-
-    Only safetensors parses the file: no pickle is ever loaded, so a crafted file runs nothing.
-    """
-    path = Path(path)
+    """Read a checkpoint; refuse anything that is not a whole, unmodified attnlab checkpoint. Only
+    safetensors parses the file: no pickle is ever loaded, so a crafted file runs nothing."""
+    path, where = Path(path), f"checkpoint {str(path)!r}"
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{where} does not exist")
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -196,25 +181,21 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except Exception as e:  # safetensors raises several types for truncated/corrupt files
         with open(path, "rb") as f:
             if looks_like_pickle(f.read(9)):
-                raise ValueError(
-                    f"checkpoint {str(path)!r} is a pickle/torch.save file; only attnlab safetensors load"
-                ) from None
+                raise ValueError(f"{where} is a pickle/torch.save file; only attnlab safetensors load") from None
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"checkpoint {str(path)!r} is corrupt or not a safetensors file ({msg})") from None
-    header = metadata.get("attnlab")
+        raise ValueError(f"{where} is corrupt or not a safetensors file ({msg})") from None
+    header = metadata.get("attnlab") or "null"
     try:
-        meta = json.loads(header) if header else None
+        meta = json.loads(header)
     except json.JSONDecodeError:
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {str(path)!r} is not an attnlab checkpoint (no {FORMAT!r} header)")
+        raise ValueError(f"{where} is not an attnlab checkpoint (no {FORMAT!r} header)")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"checkpoint {str(path)!r} has format version {meta.get('format_version')}; "
-            f"this code reads version {FORMAT_VERSION}"
-        )
+        version = meta.get("format_version")
+        raise ValueError(f"{where} has format version {version}; this code reads version {FORMAT_VERSION}")
     if metadata.get("attnlab_sha256") != digest(header, tensors):
-        raise ValueError(f"checkpoint {str(path)!r} fails its sha256 check: it was modified or damaged after saving")
+        raise ValueError(f"{where} fails its sha256 check: it was modified or damaged after saving")
     return Checkpoint(meta=meta, tensors=tensors)
 
 
@@ -229,14 +210,10 @@ def load_model_weights(model: nn.Module, ckpt: Checkpoint) -> None:
                 f"checkpoint weight {name} has shape {tuple(tensor.shape)}; the model has {tuple(expected[name].shape)}"
             )
     missing, unexpected = target.load_state_dict(weights, strict=False)
-    tied = {name for name, _ in target.named_parameters(remove_duplicate=False)} - {
-        name for name, _ in target.named_parameters()
-    }
+    tied = dict(target.named_parameters(remove_duplicate=False)).keys() - dict(target.named_parameters()).keys()
     if unexpected or set(missing) - tied:
-        raise ValueError(
-            f"checkpoint weights do not fit the model: missing {sorted(set(missing) - tied)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
+        missing = sorted(set(missing) - tied)
+        raise ValueError(f"checkpoint weights do not fit the model: missing {missing}, unexpected {sorted(unexpected)}")
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, Checkpoint]:
@@ -244,7 +221,8 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     from model import GPT, GPTConfig
 
     ckpt = load_checkpoint(path)
-    model_cfg = (ckpt.meta.get("config") or {}).get("model") if isinstance(ckpt.meta.get("config"), dict) else None
+    config = ckpt.meta.get("config")
+    model_cfg = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model_cfg, dict):
         raise ValueError(f"checkpoint {str(path)!r} has no model config in its header")
     try:

@@ -4,14 +4,8 @@ YAML files under `configs/` only choose values; the types, defaults and rules li
 the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`).
 """
 
-import dataclasses
-import difflib
 import math
-import typing
 from dataclasses import dataclass, field
-
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 from data.config import DataConfig
 from model.gpt import GPTConfig
@@ -54,23 +48,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Checks only; the first bad value raises ValueError naming it and the rule."""
-        self.model.validate()
-        self.data.validate()
-        self.optim.validate()
-        self.logger.validate()
+        for part in (self.model, self.data, self.optim, self.logger, self.distributed):
+            part.validate()
         self.fairness.validate(self.model)
-        self.distributed.validate()
-        positive = {
-            "batch_size": self.batch_size,
-            "grad_accum_steps": self.grad_accum_steps,
-            "eval_interval": self.eval_interval,
-            "eval_batches": self.eval_batches,
-            "log_interval": self.log_interval,
-            "keep_last": self.keep_last,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name}={value} is invalid; it must be >= 1")
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_batches", "log_interval", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; it must be >= 1")
         if self.max_steps is None and self.budget_s is None:
             raise ValueError("max_steps and budget_s are both null; give max_steps=N, budget_s=SECONDS or both")
         if self.max_steps is not None and self.max_steps < 1:
@@ -100,36 +83,3 @@ class TrainConfig:
             raise ValueError(f"seed={self.seed} is invalid; it must be an integer in [0, 2**63)")
         if self.sample_tokens < 0:
             raise ValueError(f"sample_tokens={self.sample_tokens} is invalid; it must be >= 0")
-
-
-def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    # A sweep job keeps Hydra's .hydra/ (the ablation report finds a job that failed at start-up by it);
-    # a single run writes only its own RUN/config.yaml, and nothing before its checks pass.
-    if not OmegaConf.has_resolver("job_subdir"):
-        OmegaConf.register_new_resolver("job_subdir", lambda mode: ".hydra" if "MULTIRUN" in str(mode) else None)
-
-
-def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
-    """Keys that `+key=value` added but no schema field reads (OmegaConf would drop them silently)."""
-    hints = typing.get_type_hints(schema)
-    unknown = []
-    for key in cfg:
-        name = f"{prefix}{key}"
-        if key not in hints:
-            near = difflib.get_close_matches(str(key), list(hints), n=1)
-            unknown.append(name + (f" (did you mean {prefix}{near[0]}?)" if near else ""))
-        elif dataclasses.is_dataclass(hints[key]) and isinstance(cfg[key], DictConfig):
-            unknown += unknown_keys(cfg[key], hints[key], f"{name}.")
-    return unknown
-
-
-def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Hydra's DictConfig (typed by the schema) -> the plain dataclass, validated."""
-    if not isinstance(cfg, TrainConfig):
-        unknown = unknown_keys(cfg, TrainConfig)
-        if unknown:
-            raise ValueError(f"unknown config key {', '.join(unknown)}; `python train.py --help` lists every key")
-        cfg = OmegaConf.to_object(cfg)
-    cfg.validate()
-    return cfg

@@ -1,12 +1,7 @@
 """Multi-process training under `torchrun`: process group, rank info, DDP / FSDP2 wrapping, and the
-few collectives the trainer needs (one run directory, rank-0-only work, errors that end the job).
-
-Launched by plain `python`, nothing here starts a process group and every helper is a no-op, so a
-single-process run is exactly what it was. Under `torchrun --nproc_per_node=N` each process reads
-RANK / LOCAL_RANK / WORLD_SIZE from its environment; NCCL is used on CUDA, gloo on CPU.
-
-Which sequences each rank trains on is training/batch_layout.py.
-"""
+few collectives the trainer needs. Launched by plain `python`, every helper is a no-op, so a
+single-process run is exactly what it was. NCCL on CUDA, gloo on CPU; which sequences each rank
+trains on is training/batch_layout.py."""
 
 import contextlib
 import logging
@@ -33,12 +28,11 @@ class DistributedConfig:
     timeout_s: float = 600.0  # a collective waiting this long (a rank died or hung) ends the job
 
     def validate(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"distributed.strategy={self.strategy!r} is unknown; choose one of: {', '.join(STRATEGIES)}"
-            )
-        if self.backend not in BACKENDS:
-            raise ValueError(f"distributed.backend={self.backend!r} is unknown; choose one of: {', '.join(BACKENDS)}")
+        for name, allowed in (("strategy", STRATEGIES), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"distributed.{name}={getattr(self, name)!r} is unknown; choose one of: {', '.join(allowed)}"
+                )
         if not self.timeout_s > 0:
             raise ValueError(f"distributed.timeout_s={self.timeout_s} is invalid; it must be > 0")
 
@@ -97,11 +91,8 @@ def local_device(device: torch.device, info: DistInfo) -> torch.device:
 
 @contextlib.contextmanager
 def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tuple[DistInfo, torch.device]]:
-    """Join torchrun's process group for the block (no-op in one process); yields (info, this rank's device).
-
-    The group's timeout bounds every collective, so a rank that died or hung ends the job with an
-    error on the others instead of leaving them blocked forever.
-    """
+    """Join torchrun's process group for the block; yields (info, this rank's device). Its timeout bounds
+    every collective, so a rank that died or hung ends the job instead of blocking the others forever."""
     info = env_info()
     device = local_device(device, info)
     created = False
@@ -126,22 +117,9 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
 
 
 def quiet_unless_main(info: DistInfo) -> None:
-    """Only rank 0 logs progress; warnings and errors still come from every rank."""
+    """Only rank 0 logs progress; warnings and errors come from every rank."""
     if not info.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-
-
-def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
-    """Command line for Hydra on this rank: ranks other than 0 write nothing (no run directory of their
-    own, no .hydra/, no log file); `train` then gives them rank 0's run directory.
-
-    Each rank would otherwise make its own `outputs/DATE/TIME`, and their clocks need not agree.
-    """
-    if info.is_main:
-        return argv
-    ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "stdout"}
-    kept = [arg for arg in argv if arg.split("=", 1)[0].lstrip("+~") not in ours]
-    return [*kept, *(f"{key}={value}" for key, value in ours.items())]
 
 
 def broadcast_object(obj: T, info: DistInfo) -> T:
@@ -165,11 +143,8 @@ def check_same(value: Any, what: str, hint: str, info: DistInfo) -> None:
 
 
 def on_main(fn: Callable[[], T], info: DistInfo) -> T | None:
-    """Run `fn` on rank 0 only; every rank then learns whether it failed, so none waits forever.
-
-    Rank 0 re-raises its own exception; the others raise RankFailed with its message. Also a
-    barrier: no rank runs ahead of, say, a checkpoint it may read next.
-    """
+    """Run `fn` on rank 0 only; every rank then learns whether it failed (the others raise RankFailed
+    with its message), so none waits forever. Also a barrier: no rank runs ahead of a file it may read."""
     if not info.enabled:
         return fn()
     result, error = None, None
@@ -187,12 +162,9 @@ def on_main(fn: Callable[[], T], info: DistInfo) -> T | None:
 
 
 def main_first(fn: Callable[[], T], info: DistInfo) -> T:
-    """Run `fn` on rank 0, then on the others: for work with a shared result on disk (preparing the
-    data cache), done once rather than by every rank at the same time."""
+    """Run `fn` on rank 0, then on the others: work with a shared result on disk (the data cache) done once."""
     result = on_main(fn, info)
-    if info.is_main:
-        return result
-    return fn()
+    return result if info.is_main else fn()
 
 
 def wrap(
@@ -203,13 +175,9 @@ def wrap(
     info: DistInfo,
     device: torch.device,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """(training module, optimizer) for the strategy; the model and optimizer as they are in one process.
-
-    DDP keeps the model's parameters, so `model` and `optimizer` stay valid (DDP also broadcasts
-    rank 0's weights). FSDP2 shards every Block and then the root in place (the tied embedding and
-    LM head stay one parameter of the root) and replaces the parameters with DTensors, so the
-    optimizer is rebuilt and any state it held (from a resumed checkpoint) is sharded into it.
-    """
+    """(training module, optimizer) for the strategy. DDP keeps the parameters (and broadcasts rank 0's),
+    so both stay valid. FSDP2 shards every Block, then the root (a tied embedding and head stay one
+    parameter), into DTensors: the optimizer is rebuilt and any resumed state sharded into it."""
     if not info.enabled:
         return model, optimizer
     if cfg.strategy == "ddp":
@@ -235,11 +203,8 @@ def wrap(
 
 
 def grad_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
-    """Context for one micro-step's backward: gradients are reduced across ranks only when `enabled`.
-
-    Accumulation steps other than the last skip the all-reduce (DDP `no_sync`, FSDP2
-    `set_requires_gradient_sync`); the last one reduces the accumulated sum once.
-    """
+    """Context for one micro-step's backward: gradients are reduced across ranks only when `enabled` (the
+    last accumulation step; DDP `no_sync`, FSDP2 `set_requires_gradient_sync` for the others)."""
     model = getattr(model, "_orig_mod", model)  # under torch.compile
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext() if enabled else model.no_sync()
@@ -249,7 +214,6 @@ def grad_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextMana
 
 
 def mean_over_ranks(value: Tensor, info: DistInfo) -> Tensor:
-    """The mean of a tensor across ranks (a copy; the input is untouched)."""
     if not info.enabled:
         return value
     out = value.detach().clone()
@@ -257,14 +221,13 @@ def mean_over_ranks(value: Tensor, info: DistInfo) -> Tensor:
     return out / info.world_size
 
 
-def max_over_ranks(value: float, info: DistInfo) -> float:
-    """The largest of a number across ranks: a stop signal seen by any rank, or a budget's elapsed time,
-    so every rank stops at the same step."""
+def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
+    """Each number's largest value across ranks, in one all-reduce."""
     if not info.enabled:
-        return value
-    out = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        return values
+    out = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out.item()
+    return out.tolist()
 
 
 def full_tensor(value: Tensor) -> Tensor:
@@ -275,11 +238,8 @@ def full_tensor(value: Tensor) -> Tensor:
 def sharded_mean_loss(
     mean_loss: Callable[[list], float], batches: list[tuple[Tensor, Tensor]], info: DistInfo, device: torch.device
 ) -> float:
-    """`mean_loss` over all `batches` with each rank evaluating its own share, combined across ranks.
-
-    Every rank runs the same number of forwards (FSDP2 all-gathers weights in each), so the last
-    share is padded with batches whose losses are dropped.
-    """
+    """`mean_loss` over `batches`, each rank evaluating its share. Every rank runs as many forwards (FSDP2
+    all-gathers weights in each), so the last share is padded with batches whose losses are dropped."""
     if not info.enabled:
         return mean_loss(batches)
     per_rank = math.ceil(len(batches) / info.world_size)
@@ -296,16 +256,12 @@ def gather_for_save(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     build_model: Callable[[], nn.Module],
-    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None,
     info: DistInfo,
 ) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
-    """A plain (model, optimizer) holding the whole training state on rank 0, for one-file checkpoints
-    and sampling (optimizer=None: the model only).
-
-    Without FSDP that is the pair itself (DDP's prefix is stripped on save). Under FSDP every rank
-    must call this: the shards are gathered into rank 0's CPU memory, into a fresh plain model and
-    optimizer; other ranks get (None, None).
-    """
+    """A plain (model, optimizer) with the whole state on rank 0, for one-file checkpoints and sampling.
+    Without FSDP, the pair itself; under FSDP (every rank calls it) the shards gathered into a fresh
+    model and optimizer in rank 0's CPU memory, and (None, None) on the others."""
     if not hasattr(model, "set_requires_gradient_sync"):
         return model, optimizer
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -315,6 +271,6 @@ def gather_for_save(
     if not info.is_main:
         return None, None
     plain = build_model()
-    plain_optimizer = build_optimizer(plain) if optimizer is not None else None
+    plain_optimizer = build_optimizer(plain) if optimizer is not None and build_optimizer else None
     set_state_dict(plain, plain_optimizer or [], model_state_dict=model_state, optim_state_dict=optim_state)
     return plain, plain_optimizer

@@ -1,18 +1,12 @@
 """What a head-count / d_k ablation holds fixed, so runs of different shapes compare fairly.
 
-fixed_d_model  d_model, depth and steps fixed; d_k is free, so parameters and FLOPs/token
-               grow with n_head * d_k.
-iso_param      d_k = d_model / n_head: n_head * d_k = d_model, so parameters and FLOPs/token
-               are the same for every n_head (the "Attention Is All You Need" convention).
-iso_flop       d_k free; max_steps = flop_budget / (flops_per_token * tokens_per_step), so every
-               run spends the same training FLOPs (flops_per_token counts matmuls, fwd + bwd).
-iso_time       d_k free; max_steps = time_budget_s / (measured seconds per step), so every run
-               gets the same wall-clock. The step time is the median of a few steps of a
-               throw-away copy of the model, so the learning-rate schedule still ends at max_steps.
+fixed_d_model  d_model, depth and steps fixed; d_k is free (params and FLOPs grow with n_head * d_k)
+iso_param      d_k = d_model / n_head, so params and FLOPs/token are the same for every n_head (Vaswani et al.)
+iso_flop       max_steps = flop_budget / (flops_per_token * tokens_per_step): equal training FLOPs
+iso_time       max_steps = time_budget_s / (median seconds of a throw-away copy's steps): equal wall-clock
 
-Under iso_flop and iso_time the configured max_steps is replaced; the value used is written to
-run_info.json. A resumed iso_time run measures again, so its max_steps may differ: resume iso_flop.
-"""
+The max_steps used is written to run_info.json. A resumed iso_time run measures again, so its max_steps
+may differ: resume iso_flop."""
 
 import logging
 import statistics
@@ -40,7 +34,6 @@ class FairnessConfig:
     calibration_steps: int = 5  # iso_time: timed steps (after one warm-up step) to measure the step time
 
     def validate(self, model: GPTConfig) -> None:
-        """Checks only; raises ValueError naming the first bad value and the rule."""
         if self.mode not in FAIRNESS_MODES:
             raise ValueError(f"fairness.mode={self.mode!r} is unknown; choose one of: {', '.join(FAIRNESS_MODES)}")
         budgets = {"iso_flop": ("flop_budget", self.flop_budget), "iso_time": ("time_budget_s", self.time_budget_s)}
@@ -94,12 +87,8 @@ def max_steps_for(cfg: FairnessConfig, probe: "Trainer") -> int:
 
 
 def measure_seconds_per_step(probe: "Trainer", steps: int) -> float:
-    """Median seconds of `probe.step` (the run's own step), after one warm-up step (compile, allocator).
-
-    The probe is the trainer's throw-away copy (Trainer.probe), so the run's model, optimizer and
-    loss scaler stay untouched; forking the RNG keeps the run's random stream (dropout) the same as
-    without calibration.
-    """
+    """Median seconds of `probe.step` (the run's own step) after a warm-up step. The probe is a throw-away
+    copy (Trainer.probe) and the RNG is forked, so the run is the same as without calibration."""
     devices = [p.device for p in probe.model.parameters() if p.device.type == "cuda"][:1]
     times = []
     with torch.random.fork_rng(devices=devices):

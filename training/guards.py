@@ -1,13 +1,8 @@
-"""What stops a run, and how it stops cleanly.
-
-- Data checks before any work: the vocabulary covers the data, every split holds one batch, every token
-  id is inside the vocabulary (a corrupt cache would otherwise reach the embedding as an index error).
-- Non-finite guards: a NaN/inf loss or gradient norm stops the run naming the step, or (with
-  `on_nonfinite=skip`) the step's update is dropped and counted; weights are checked before a save.
-- SIGTERM / SIGINT: the handler only sets a flag (no I/O in a signal handler); the loop finishes its
-  step, saves, and exits with 128 + signal. A second Ctrl-C interrupts at once. Handlers are installed
-  only around the loop, and only from the main thread (Python's rule for `signal.signal`).
-"""
+"""What stops a run, and how it stops cleanly: data checks before any work (vocabulary, one batch per
+split, token ids in range), non-finite guards (a NaN/inf step stops the run naming it, or with
+on_nonfinite=skip is dropped and counted; weights are checked before a save), and SIGTERM/SIGINT,
+whose handler only sets a flag: the loop finishes its step, saves and exits with 128 + signal (a
+second Ctrl-C interrupts at once)."""
 
 import os
 import shlex

@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from model import GPT
 from training.checkpoint import atomic_write_bytes
-from training.runtime import peak_flops
+from training.runtime import mfu, peak_flops
 
 if TYPE_CHECKING:
-    from training.trainer import Clock, StepResult, Trainer
+    from training.trainer import StepResult, Trainer
 
 RUN_INFO = "run_info.json"
 SUMMARY = "summary.json"
@@ -44,19 +44,15 @@ class LoggerConfig:
             raise ValueError(f"logger.mode={self.mode!r} is unknown; choose one of: {', '.join(WANDB_MODES)}")
 
 
-def wandb_has_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
 def resolve_wandb_mode(mode: str) -> str:
+    """auto: online where credentials are configured (WANDB_API_KEY or ~/.netrc), else offline."""
     if mode != "auto":
         return mode
-    return os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
+    try:
+        netrc_login = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        netrc_login = False
+    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") or netrc_login else "offline")
 
 
 class MetricsLogger:
@@ -83,10 +79,6 @@ class MetricsLogger:
                 resume="allow" if run_id else None,
             )
 
-    @property
-    def run_id(self) -> str | None:
-        return self.run.id if self.run is not None else None
-
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.run is not None:
@@ -102,51 +94,16 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
-def write_run_info(out_dir: Path, model: GPT, config: dict[str, Any], tokens_per_step: int) -> dict[str, Any]:
+def write_run_info(out_dir: Path, model: GPT, config: dict[str, Any], tokens_per_step: int) -> None:
     """Shape, size and cost of the run, with its resolved config; clears an older summary."""
     c = model.config
-    record = {
-        "n_head": c.n_head,
-        "d_k": c.head_dim,
-        "d_model": c.d_model,
-        "n_layer": c.n_layer,
-        "block_size": c.block_size,
-        "params": model.num_params(),
-        "params_non_embedding": model.num_params(exclude_embeddings=True),
-        "flops_per_token": model.flops_per_token(),
-        "tokens_per_step": tokens_per_step,
-        "max_steps": config["max_steps"],
-        "seed": config["seed"],
-        "fairness": config["fairness"]["mode"],
-        "config": config,
-    }
+    record = {"n_head": c.n_head, "d_k": c.head_dim, "d_model": c.d_model, "n_layer": c.n_layer}
+    record |= {"block_size": c.block_size, "params": model.num_params()}
+    record |= {"params_non_embedding": model.num_params(exclude_embeddings=True)}
+    record |= {"flops_per_token": model.flops_per_token(), "tokens_per_step": tokens_per_step}
+    record |= {"max_steps": config["max_steps"], "seed": config["seed"], "fairness": config["fairness"]["mode"]}
     (Path(out_dir) / SUMMARY).unlink(missing_ok=True)  # a resumed run is unfinished until it ends again
-    write_json(Path(out_dir) / RUN_INFO, record)
-    return record
-
-
-def write_summary(
-    out_dir: Path,
-    metrics: dict[str, Any],
-    step: int,
-    best_val_loss: float,
-    tokens_per_s: list[float],
-    train_seconds: float,
-    flops_per_token: int,
-    tokens_per_step: int,
-) -> dict[str, Any]:
-    """Final metrics and speed of a finished run; tokens/s is the median over logging intervals."""
-    record = {
-        "status": "completed",
-        "step": step,
-        "best_val_loss": best_val_loss,
-        "tokens_per_s": statistics.median(tokens_per_s) if tokens_per_s else None,
-        "train_seconds": train_seconds,
-        "train_flops": flops_per_token * tokens_per_step * step,
-        **metrics,
-    }
-    write_json(Path(out_dir) / SUMMARY, record)
-    return record
+    write_json(Path(out_dir) / RUN_INFO, record | {"config": config})
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
@@ -171,14 +128,13 @@ class Meter:
 
     def __init__(self, trainer: "Trainer", logger: MetricsLogger | None) -> None:
         cfg = trainer.cfg
-        self.logger, self.log_interval = logger, cfg.log_interval
-        self.tokens_per_step = trainer.tokens_per_step
+        self.logger, self.log_interval, self.out_dir = logger, cfg.log_interval, Path(cfg.out_dir or ".")
+        self.tokens_per_step, self.flops_per_token = trainer.tokens_per_step, trainer.model.flops_per_token()
         self.peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
-        self.flops_per_token = trainer.model.flops_per_token()
         self.throughputs: list[float] = []
         self.train_seconds = 0.0
         self.saved_step = self.step = trainer.state.step
-        self.by_time = bool(cfg.budget_s)  # under a budget the bar counts seconds, since steps are not known
+        self.by_time = bool(cfg.budget_s)  # under a budget the bar counts seconds: steps are not known
         self.bar = tqdm(
             initial=int(trainer.state.elapsed_s) if self.by_time else self.step,
             total=int(cfg.budget_s) if self.by_time else cfg.max_steps,
@@ -194,46 +150,42 @@ class Meter:
         self.interval_start, self.interval_step = time.perf_counter(), self.step
         self.val_loss: float | None = None
 
-    def step_done(self, result: "StepResult", clock: "Clock", last: bool) -> None:
+    def step_done(self, result: "StepResult", elapsed_s: float, last: bool) -> None:
         self.step = step = self.step + 1
-        self.bar.update(int(clock.now()) - self.bar.n if self.by_time else 1)
-        now = time.perf_counter()
-        clock.step_s = (now - self.interval_start) / max(1, step - self.interval_step)
+        self.bar.update(int(elapsed_s) - self.bar.n if self.by_time else 1)
         if step % self.log_interval and not last:
             return
-        elapsed = now - self.interval_start
-        tok_s = self.tokens_per_step * (step - self.interval_step) / elapsed
-        mfu = self.flops_per_token * tok_s / self.peak
+        now = time.perf_counter()
+        seconds, self.interval_start = now - self.interval_start, now
+        tok_s = self.tokens_per_step * (step - self.interval_step) / seconds
+        self.interval_step = step
         self.throughputs.append(tok_s)
-        self.train_seconds += elapsed
-        self.interval_start, self.interval_step = now, step
+        self.train_seconds += seconds
         record = {"train/loss": result.loss, "train/grad_norm": result.grad_norm, "lr": result.lr}
-        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu, "time/elapsed_s": clock.now()}
+        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu(self.flops_per_token, tok_s, self.peak)}
         if self.logger:
-            self.logger.log(record, step)
+            self.logger.log(record | {"time/elapsed_s": elapsed_s}, step)
         postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
         if self.val_loss is not None:
             postfix["val"] = f"{self.val_loss:.3f}"
         self.bar.set_postfix(postfix, refresh=False)
 
-    def eval_done(self, metrics: dict[str, float], clock: "Clock") -> None:
+    def eval_done(self, metrics: dict[str, float], elapsed_s: float) -> None:
         self.val_loss = metrics["val/loss"]
         if self.logger:
-            self.logger.log({**metrics, "time/elapsed_s": clock.now()}, self.step)
+            self.logger.log({**metrics, "time/elapsed_s": elapsed_s}, self.step)
         self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput
 
     def finish(self, trainer: "Trainer") -> None:
-        if trainer.dist.is_main:
-            write_summary(
-                Path(trainer.cfg.out_dir),
-                trainer.metrics,
-                trainer.state.step,
-                trainer.state.best_val_loss,
-                self.throughputs,
-                self.train_seconds,
-                self.flops_per_token,
-                self.tokens_per_step,
-            )
+        """summary.json: final metrics and speed of a finished run (tokens/s: the median over log intervals)."""
+        if not trainer.dist.is_main:
+            return
+        state = trainer.state
+        record = {"status": "completed", "step": state.step, "best_val_loss": state.best_val_loss}
+        record |= {"tokens_per_s": statistics.median(self.throughputs) if self.throughputs else None}
+        record |= {"train_seconds": self.train_seconds}
+        record |= {"train_flops": self.flops_per_token * self.tokens_per_step * state.step, **trainer.metrics}
+        write_json(self.out_dir / SUMMARY, record)
 
     def __enter__(self) -> "Meter":
         return self

@@ -1,24 +1,14 @@
-"""Optimizers (AdamW, or Muon for the hidden matrices with AdamW for the rest), their parameter
-groups, and the learning-rate schedules as a pure function of (step, progress).
+"""Optimizers, their parameter groups by role, and the learning-rate schedules as a pure function of
+(step, progress).
 
-Muon (Jordan et al. 2024; `torch.optim.Muon`) orthogonalises each update of a 2-D matrix by a
-few Newton-Schulz iterations, which suits the matmul weights inside the blocks; embeddings, the
-LM head, norm gains and biases are not such matrices and stay with AdamW. The two optimizers are
-wrapped in one `CombinedOptimizer`, which the trainer, the GradScaler and checkpoints treat as a
-single torch optimizer.
-
-torch's Muon runs Newton-Schulz in bf16, which a CPU without native bf16 (AVX2 only) computes ~50x
-slower than fp32 (measured: a 768x512x512 matmul takes 760 ms against 13 ms); on a CPU,
-`Float32Muon` runs the same update with the iteration in float32 instead.
-
-Every parameter group carries `lr_scale`: its peak lr over `optim.lr`. `set_lr` multiplies the
-schedule's lr by it, so one schedule moves every group by the same factor.
+`optim.optimizer=muon` trains the 2-D matmul weights inside the blocks with Muon (Jordan et al. 2024:
+momentum, then a few Newton-Schulz iterations towards the nearest orthogonal matrix) and everything
+else (embeddings, LM head, gains, biases) with AdamW, as one torch optimizer, `MuonAdamW`. Each group
+carries `lr_scale`, its peak lr over `optim.lr`, so one schedule moves every group by the same factor.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,13 +17,14 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
 
 
 @dataclass
 class OptimConfig:
     optimizer: str = "adamw"  # "adamw" (every parameter) or "muon" (block matrices; AdamW for the rest)
     lr: float = 1e-3  # AdamW's peak lr
-    min_lr: float = 1e-4  # where the decay ends, at progress 1 (Muon's groups end at min_lr * lr_scale)
+    min_lr: float = 1e-4  # where the decay ends, at progress 1 (Muon's group ends at min_lr * lr_scale)
     warmup_steps: int = 50  # linear warmup from lr / warmup_steps, in optimizer steps
     schedule: str = "cosine"  # "cosine" (to min_lr at progress 1) or "wsd" (warmup, stable, decay)
     cooldown_frac: float = 0.2  # wsd: the last fraction of progress spent decaying to min_lr
@@ -76,12 +67,9 @@ class OptimConfig:
 
 
 def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
-    """The lr of optimizer step `step` (0-based) at `progress` in [0, 1], the fraction of training done.
-
-    Linear warmup over the first warmup_steps steps, then cosine from lr to min_lr over progress
-    0..1, or wsd: lr until 1 - cooldown_frac, then down to min_lr at 1 (linearly, or as 1 - sqrt
-    of the cooldown's own progress). Progress past 1 stays at min_lr.
-    """
+    """The lr of optimizer step `step` (0-based) at `progress` in [0, 1], the fraction of training done:
+    linear warmup over warmup_steps, then cosine to min_lr over progress 0..1, or wsd (flat until
+    1 - cooldown_frac, then down to min_lr, linearly or as 1 - sqrt of the cooldown's progress)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     p = min(max(progress, 0.0), 1.0)
@@ -94,7 +82,6 @@ def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Give every group the schedule's lr times its own lr_scale (1 where a group has none)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
 
@@ -111,40 +98,37 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parame
             groups["embedding"].append(p)
         elif p.dim() < 2:
             groups["gain"].append(p)
-        elif name.startswith("lm_head"):
-            groups["head"].append(p)
         else:
-            groups["hidden"].append(p)
+            groups["head" if name.startswith("lm_head") else "hidden"].append(p)
     return groups
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
-    groups = param_groups(model, cfg)
     decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": cfg.embedding_weight_decay}
-    adam_roles = ["head", "embedding", "gain"] if cfg.optimizer == "muon" else ["hidden", "head", "embedding", "gain"]
-    adam_groups = [
-        {"params": groups[role], "weight_decay": decay.get(role, 0.0), "lr_scale": 1.0, "role": role}
-        for role in adam_roles
-        if groups[role]
+    adam = {"lr_scale": 1.0, "betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
+    groups = [
+        {"params": params, "role": role, "weight_decay": decay.get(role, 0.0), **adam}
+        for role, params in param_groups(model, cfg).items()
+        if params
     ]
-    # The fused kernel is one launch per step on CUDA; on CPU the foreach path is the fast one.
-    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    adamw = torch.optim.AdamW(
-        adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None, foreach=None if fused else True
-    )
-    if cfg.optimizer == "adamw":
-        return adamw
-    muon_group = {"params": groups["hidden"], "lr_scale": cfg.muon_lr / cfg.lr, "role": "hidden"}
-    sharded = any(isinstance(p, DTensor) for p in groups["hidden"])  # FSDP: torch's Muon takes no shards
-    muon_class = torch.optim.Muon if device_type == "cuda" and not sharded else Float32Muon
-    muon = muon_class([muon_group], lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum)
-    return CombinedOptimizer([muon, adamw])
+    if cfg.optimizer == "adamw":  # fused is one kernel launch per step on CUDA; foreach is the fast CPU path
+        fused = device_type == "cuda"
+        return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused or None, foreach=None if fused else True)
+    for group in groups:
+        if group["role"] == "hidden":
+            group |= {"lr_scale": cfg.muon_lr / cfg.lr, "weight_decay": cfg.muon_weight_decay, "eps": 1e-7}
+            group |= {"momentum": cfg.muon_momentum, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS}
+            group |= {"ns_steps": 5}
+    # bf16 Newton-Schulz (torch.optim.Muon's choice) is ~50x slower than fp32 on CPUs without native bf16
+    # (AVX2 only; measured: a 768x512x512 matmul 760 ms against 13 ms), so CPUs iterate in fp32.
+    ns_dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
+    return MuonAdamW(groups, lr=cfg.lr, ns_dtype=ns_dtype)
 
 
 def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
-    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of each g (..., m, n),
-    in g's dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (spectral norm <= 1)."""
+    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of g (m, n), in g's
+    dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (spectral norm <= 1)."""
     a, b, c = coefficients
     tall = g.shape[-2] > g.shape[-1]
     x = g.mT if tall else g  # iterate on the wide side: A is the smaller square
@@ -155,90 +139,45 @@ def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: in
     return x.mT if tall else x
 
 
-class Float32Muon(torch.optim.Muon):
-    """torch.optim.Muon's update (momentum, Nesterov, the "original" lr adjustment, decoupled weight
-    decay) and state layout, with Newton-Schulz in float32: for CPUs, where bf16 may be emulated.
-    Under FSDP each rank gathers a sharded matrix, orthogonalises it whole and keeps its own shard.
-    """
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the groups whose role is "hidden", AdamW for the others: one optimizer, so the trainer,
+    the GradScaler and checkpoints see torch's usual groups and state dict. The updates are
+    torch.optim.Muon's (Nesterov momentum, "original" lr adjustment, decoupled decay; Newton-Schulz in
+    `ns_dtype`) and torch.optim.AdamW's. Under FSDP, a sharded matrix is gathered to orthogonalise it whole."""
+
+    def __init__(self, groups: list[dict], lr: float, ns_dtype: torch.dtype) -> None:
+        super().__init__(groups, {"lr": lr})
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:
-        assert closure is None, "Float32Muon takes no closure"
+        assert closure is None, "MuonAdamW takes no closure"
         for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
-                if isinstance(update, DTensor):  # an FSDP shard: orthogonalise the whole matrix, keep our shard
-                    full = orthogonalize(update.full_tensor().float(), coefficients, steps, eps)
-                    update = distribute_tensor(full, update.device_mesh, update.placements)
-                else:
-                    update = orthogonalize(update.float(), coefficients, steps, eps)
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+            for p in (p for p in group["params"] if p.grad is not None):
+                (self._muon if group["role"] == "hidden" else self._adamw)(p, group)
 
+    def _muon(self, p: Tensor, group: dict) -> None:
+        lr, momentum = group["lr"], group["momentum"]
+        buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+        buf.lerp_(p.grad, 1 - momentum)
+        update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+        ns = group["ns_coefficients"], group["ns_steps"], group["eps"]
+        if isinstance(update, DTensor):
+            full = orthogonalize(update.full_tensor().to(self.ns_dtype), *ns)
+            update = distribute_tensor(full, update.device_mesh, update.placements)
+        else:
+            update = orthogonalize(update.to(self.ns_dtype), *ns)
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
-class CombinedOptimizer(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters, seen as one: param_groups is their union, and
-    step / zero_grad / state_dict / load_state_dict act on each. The state dict has torch's flat
-    layout (integer parameter ids numbered across the optimizers in order), so training/checkpoint.py
-    saves and restores it like any other optimizer's.
-
-    It subclasses torch.optim.Optimizer for isinstance checks only: its state lives in the parts.
-    """
-
-    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        self.optimizers = optimizers
-        self.defaults: dict[str, Any] = {}
-        self._optimizer_step_pre_hooks: dict = {}
-        self._optimizer_step_post_hooks: dict = {}
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # the parts' own dicts: writing "lr" reaches them
-        return [group for opt in self.optimizers for group in opt.param_groups]
-
-    @property
-    def state(self) -> dict:
-        return {p: s for opt in self.optimizers for p, s in opt.state.items()}
-
-    @torch.no_grad()
-    def step(self, closure: None = None) -> None:
-        assert closure is None, "CombinedOptimizer takes no closure"
-        for opt in self.optimizers:
-            opt.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        state, groups, offset = {}, [], 0
-        for opt in self.optimizers:
-            sd = opt.state_dict()
-            state |= {offset + index: s for index, s in sd["state"].items()}
-            groups += [{**g, "params": [offset + i for i in g["params"]]} for g in sd["param_groups"]]
-            offset += sum(len(g["params"]) for g in opt.param_groups)
-        return {"state": state, "param_groups": groups}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        groups = list(state_dict["param_groups"])
-        if len(groups) != len(self.param_groups):
-            raise ValueError(
-                f"optimizer state has {len(groups)} parameter groups; this optimizer has {len(self.param_groups)}"
-            )
-        offset = 0
-        for opt in self.optimizers:
-            mine, groups = groups[: len(opt.param_groups)], groups[len(opt.param_groups) :]
-            count = sum(len(g["params"]) for g in opt.param_groups)
-            state = {int(i) - offset: s for i, s in state_dict["state"].items() if offset <= int(i) < offset + count}
-            opt.load_state_dict(
-                {"state": state, "param_groups": [{**g, "params": [i - offset for i in g["params"]]} for g in mine]}
-            )
-            offset += count
-
-    def __repr__(self) -> str:
-        return f"CombinedOptimizer({', '.join(type(opt).__name__ for opt in self.optimizers)})"
+    def _adamw(self, p: Tensor, group: dict) -> None:
+        (beta1, beta2), lr, state = group["betas"], group["lr"], self.state[p]
+        if not state:
+            state |= {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        state["step"] += 1
+        step = state["step"].item()
+        p.mul_(1 - lr * group["weight_decay"])
+        state["exp_avg"].lerp_(p.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2**step)).add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1**step))

@@ -110,46 +110,43 @@ class CheckpointDir:
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            if run_files(self.directory.parent) and not overwrite:
-                held = ", ".join(run_files(self.directory.parent)[:4])
+            held = run_files(self.directory.parent)
+            if held and not overwrite:
                 raise ValueError(
-                    f"{self.directory.parent} already holds another run's files ({held}); "
+                    f"{self.directory.parent} already holds another run's files ({', '.join(held[:4])}); "
                     "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
                 )
-            self.adopt(keep_up_to=-1)
-            return None
-        if resume != "auto":
+            path, step = None, -1
+        elif resume == "auto":
+            path = self.latest()
+            if path is None:
+                if self.directory.is_dir() and any(self.directory.iterdir()):
+                    raise ValueError(f"resume=auto: {self.directory} holds no step checkpoint to continue from")
+                return None
+            try:
+                load_checkpoint(path)
+            except ValueError as e:
+                raise ValueError(
+                    f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an "
+                    "older one, or give resume=PATH"
+                ) from None
+            step = checkpoint_step(path)
+        else:
             path = Path(resume).expanduser()
             if not path.is_file():
                 raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
             load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
-            step = checkpoint_step(path) if self._holds(path) else -1
-            self._refuse_newer(step if step is not None else -1, overwrite, path.name)
-            self.adopt(keep_up_to=step if step is not None else -1)
-            return path
-        newest = self.latest()
-        if newest is None:
-            if self.directory.is_dir() and any(self.directory.iterdir()):
-                raise ValueError(f"resume=auto: {self.directory} holds no step checkpoint to continue from")
-            return None
-        try:
-            load_checkpoint(newest)
-        except ValueError as e:
-            raise ValueError(
-                f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an older "
-                "one, or give resume=PATH"
-            ) from None
-        self.adopt(keep_up_to=checkpoint_step(newest) or -1)
-        return newest
-
-    def _refuse_newer(self, step: int, overwrite: bool, name: str) -> None:
-        """Resuming an older or a foreign checkpoint here would interleave two histories."""
-        newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
-        if newer and not overwrite:
-            raise ValueError(
-                f"{self.directory} holds checkpoints that {name} does not continue ({', '.join(newer)}); "
-                "pass overwrite=true to replace them, or resume=auto for the newest"
-            )
+            step = checkpoint_step(path) if self._holds(path) else None
+            step = -1 if step is None else step
+            # Resuming an older or a foreign checkpoint here would interleave two histories.
+            newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
+            if newer and not overwrite:
+                raise ValueError(
+                    f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
+                    "pass overwrite=true to replace them, or resume=auto for the newest"
+                )
+        self.adopt(keep_up_to=step)
+        return path
 
     def _holds(self, path: Path) -> bool:
         return path.resolve().parent == self.directory.resolve()
@@ -259,20 +256,3 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(
         f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
     )
-
-
-def newest_run(root: Path) -> Path | None:
-    """The most recently written run under `root` that holds a step checkpoint (for error hints)."""
-    runs = [p.parent.parent for p in Path(root).glob("**/checkpoints/step_*.safetensors")]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
-
-
-def point_latest(root: Path, run: Path) -> None:
-    """`root/latest` -> `run`, replaced atomically (a symlink, relative, so the tree can move)."""
-    link = Path(root) / "latest"
-    if link.exists() and not link.is_symlink():
-        return  # someone's own file or folder named latest: not ours to replace
-    tmp = link.with_name(f".latest.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
-    os.replace(tmp, link)

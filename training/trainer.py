@@ -1,12 +1,7 @@
 """The training loop as one object. `Trainer` owns a run's model, optimizer, loss scaler, batch layout and
 data; `step` is the one optimizer step that everything calls (the loop, iso_time calibration, the
-compile trial, the benchmarks), and `fit` is the loop, read top-down.
-
-Around it: run_dir.py (the directory, its lock, which checkpoint to resume), resume.py (what a
-checkpoint must match), guards.py (data checks, non-finite steps, stop signals), loggers.py
-(metrics.jsonl, wandb, run_info/summary), runtime.py (device, precision, compile, MFU),
-distributed.py and batch_layout.py (torchrun), fairness.py (what an ablation holds fixed).
-"""
+compile trial, the benchmarks), and `fit` is the loop, read top-down. `train(cfg)` adds the run
+directory, resume and the end-of-run sample."""
 
 import copy
 import logging
@@ -26,23 +21,11 @@ from model import GPT
 from model.generate import stream_text
 from model.sampling import SamplingParams
 from training import checkpoint as ckpt_io
-from training import distributed, fairness
+from training import distributed, fairness, guards
 from training.batch_layout import batch_layout
 from training.config import TrainConfig
 from training.distributed import DistInfo
 from training.evaluate import eval_metrics, mean_loss
-from training.guards import (
-    RunInterrupted,
-    StopSignals,
-    check_data_fits,
-    check_fits_in_memory,
-    check_prompt,
-    check_weights_finite,
-    grad_norm_,
-    is_finite,
-    nonfinite_error,
-    read_step,
-)
 from training.loggers import Meter, MetricsLogger, log_to_file, write_config, write_run_info
 from training.optim import build_optimizer, lr_at, set_lr
 from training.resume import RunState, checkpoint_meta, restore
@@ -121,17 +104,17 @@ class Trainer:
                 self.scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)  # clip and check the true gradients
-        norm = distributed.full_tensor(grad_norm_(list(model.parameters()), cfg.optim.grad_clip))
+        norm = distributed.full_tensor(guards.grad_norm_(list(model.parameters()), cfg.optim.grad_clip))
         return distributed.mean_over_ranks(loss_sum / accum, self.dist), norm
 
     def step(self, lr: float) -> StepResult:
         """One optimizer step at `lr`, the run's next (`state.step`); the loop's one host sync reads
         its loss and grad norm, to name a bad step and keep it out of the weights."""
         set_lr(self.optimizer, lr)  # each group at lr times its own lr_scale
-        loss, norm = read_step(*self.forward_backward(self.state.step))
+        loss, norm = guards.read_step(*self.forward_backward(self.state.step))
         self.state.step += 1
         # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
-        applied = is_finite(loss, norm) or (self.scaler.is_enabled() and math.isfinite(loss))
+        applied = guards.is_finite(loss, norm) or (self.scaler.is_enabled() and math.isfinite(loss))
         if applied:
             self.scaler.step(self.optimizer)
         elif self.cfg.on_nonfinite == "skip":
@@ -139,7 +122,7 @@ class Trainer:
             log.warning("step %d: loss %s / grad norm %s; update skipped", self.state.step, loss, norm)
         else:
             last = self.checkpoints.latest() if self.checkpoints else None
-            raise nonfinite_error(self.state.step, loss, norm, str(last) if last else None)
+            raise guards.nonfinite_error(self.state.step, loss, norm, str(last) if last else None)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, norm, lr, applied)
@@ -164,7 +147,7 @@ class Trainer:
         )
 
         def write() -> Path:
-            check_weights_finite(model, self.state.step)
+            guards.check_weights_finite(model, self.state.step)
             return self.checkpoints.save(model, optimizer, meta, self.state.step, is_best)
 
         return distributed.broadcast_object(distributed.on_main(write, self.dist), self.dist)
@@ -183,11 +166,6 @@ class Trainer:
                 probe.train_model = torch.compile(probe.model)
             cfg.max_steps = fairness.max_steps_for(cfg.fairness, probe)
         cfg.max_steps = distributed.broadcast_object(cfg.max_steps, self.dist)  # rank 0's timing decides
-        if self.dist.enabled and cfg.distributed.strategy == "fsdp" and cfg.optim.optimizer == "muon":
-            raise ValueError(
-                "optim.optimizer=muon does not shard under distributed.strategy=fsdp yet (its checkpoint state "
-                "is not gathered); use optim=adamw, or distributed.strategy=ddp"
-            )
         self.train_model, self.optimizer = distributed.wrap(
             self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
         )
@@ -208,81 +186,81 @@ class Trainer:
 
     def fit(self, logger: MetricsLogger | None = None, resumed: ckpt_io.Checkpoint | None = None) -> dict[str, Any]:
         """The loop: step, log, evaluate and save, until max_steps or budget_s; returns the final metrics.
-
-        Under a budget the run also stops early enough that its last evaluation and save still fit.
-        """
+        Under a budget it stops early enough that the last evaluation and save still fit."""
         cfg = self.cfg
-        clock = Clock(self.state.elapsed_s, self.dist, agree=bool(cfg.budget_s))  # only a budget needs agreeing
-        meter = Meter(self, logger)
+        clock, meter = Clock(self.state.elapsed_s, self.dist), Meter(self, logger)
         if resumed is not None:
             ckpt_io.restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
         self.model.train()
-        with StopSignals() as stop, meter:
+        with guards.StopSignals() as stop, meter:
             if cfg.budget_s and self.state.step == 0:
-                self.evaluate_and_log(meter, clock)  # the loss at init, and how long an evaluation takes
-            while self.progress(clock.now()) < 1.0 and not self.out_of_budget(clock):
-                result = self.step(lr_at(self.state.step, self.progress(clock.now()), cfg.optim))
-                last = self.progress(clock.now()) >= 1.0 or self.out_of_budget(clock)
-                meter.step_done(result, clock, last)
+                self.evaluate_and_save(meter, clock, save=False)  # the loss at init, and what an eval costs
+            now, _ = clock.agreed()
+            while not self.finished(now, clock):
+                result = self.step(lr_at(self.state.step, self.progress(now), cfg.optim))
+                clock.lap()
+                now, requested = clock.agreed(stop.requested)  # one all-reduce a step, under torchrun
+                last = self.finished(now, clock)
+                meter.step_done(result, now, last)
                 if self.state.step % cfg.eval_interval == 0 or last:
                     self.evaluate_and_save(meter, clock)
-                requested = int(distributed.max_over_ranks(stop.requested or 0, self.dist))  # all stop at one step
-                if requested:
-                    saved = meter.saved_step == self.state.step
-                    path = self.checkpoints.latest() if saved else self.save_at(clock, is_best=False)
-                    raise RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
-        self.state.elapsed_s = clock.now()
+                if requested:  # every rank stops at the same step
+                    self.state.elapsed_s = clock.local()
+                    path = self.checkpoints.latest() if meter.saved_step == self.state.step else self.save(False)
+                    raise guards.RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
+        self.state.elapsed_s = clock.local()
         meter.finish(self)
         return self.metrics
 
-    def out_of_budget(self, clock: "Clock") -> bool:
-        """Whether one more step and the final evaluation would overrun budget_s."""
-        if not self.cfg.budget_s:
-            return False
-        return clock.now() + clock.step_s + clock.eval_s >= self.cfg.budget_s
+    def finished(self, now: float, clock: "Clock") -> bool:
+        """At the end (max_steps or budget_s), or one more step and the last evaluation would overrun budget_s."""
+        over = bool(self.cfg.budget_s) and now + clock.step_s + clock.eval_s >= self.cfg.budget_s
+        return over or self.progress(now) >= 1.0
 
-    def evaluate_and_log(self, meter: "Meter", clock: "Clock") -> float:
+    def evaluate_and_save(self, meter: Meter, clock: "Clock", save: bool = True) -> None:
         start = time.perf_counter()
-        metrics = self.evaluate()
-        meter.eval_done(metrics, clock)
-        log.info("step %d: val loss %.4f, bpb %.4f", self.state.step, metrics["val/loss"], metrics["val/bpb"])
-        clock.eval_s = time.perf_counter() - start
-        return metrics["val/loss"]
-
-    def evaluate_and_save(self, meter: "Meter", clock: "Clock") -> None:
-        val_loss = self.evaluate_and_log(meter, clock)
-        is_best = val_loss < self.state.best_val_loss
-        self.state.best_val_loss = min(self.state.best_val_loss, val_loss)
-        start = time.perf_counter()
-        self.save_at(clock, is_best)
-        meter.saved_step = self.state.step
-        clock.eval_s += time.perf_counter() - start
-
-    def save_at(self, clock: "Clock", is_best: bool) -> Path:
-        self.state.elapsed_s = clock.now()
-        return self.save(is_best)
+        val_loss = self.evaluate()["val/loss"]
+        meter.eval_done(self.metrics, clock.local())
+        log.info("step %d: val loss %.4f, bpb %.4f", self.state.step, val_loss, self.metrics["val/bpb"])
+        if save:
+            is_best = val_loss < self.state.best_val_loss
+            self.state.best_val_loss = min(self.state.best_val_loss, val_loss)
+            self.state.elapsed_s = clock.local()
+            self.save(is_best)
+            meter.saved_step = self.state.step
+        clock.paused(time.perf_counter() - start)
 
 
 class Clock:
-    """Training wall-clock, continued across resumes; ranks agree on it (rank 0's counts), so all stop
-    at the same step. Keeps the last step's and the last evaluation's durations for the budget check."""
+    """Training wall-clock, continued across resumes, with the last step's and evaluation's durations
+    for the budget check. `agreed` gives the rank-max of the clock and of the stop signal in one
+    all-reduce, so every rank takes the same decisions at the same step."""
 
-    def __init__(self, already_s: float, dist: DistInfo, agree: bool) -> None:
-        self.start, self.already_s, self.dist, self.agree = time.perf_counter(), already_s, dist, agree
+    def __init__(self, already_s: float, dist: DistInfo) -> None:
+        self.start = self.mark = time.perf_counter()
+        self.already_s, self.dist, self.laps = already_s, dist, 0
         self.step_s = self.eval_s = 0.0
 
-    def now(self) -> float:
-        elapsed = self.already_s + time.perf_counter() - self.start
-        return distributed.max_over_ranks(elapsed, self.dist) if self.agree else elapsed
+    def local(self) -> float:
+        return self.already_s + time.perf_counter() - self.start
+
+    def agreed(self, stop: int | None = None) -> tuple[float, int]:
+        elapsed, signum = distributed.max_over_ranks([self.local(), float(stop or 0)], self.dist)
+        return elapsed, int(signum)
+
+    def lap(self) -> None:
+        """A step ended: step_s is the mean step time since the last evaluation."""
+        self.laps += 1
+        self.step_s = (time.perf_counter() - self.mark) / self.laps
+
+    def paused(self, seconds: float) -> None:
+        self.eval_s, self.mark, self.laps = seconds, time.perf_counter(), 0
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns the final metrics.
-
-    Raises RunInterrupted once a SIGTERM/SIGINT stop has been saved, and FloatingPointError on a
-    non-finite step under on_nonfinite=stop; user errors raise ValueError/FileNotFoundError
-    before anything in out_dir is touched.
-    """
+    """Run training as configured; returns the final metrics. User errors raise ValueError /
+    FileNotFoundError before anything in out_dir is touched; a saved SIGTERM/SIGINT stop raises
+    guards.RunInterrupted, a non-finite step under on_nonfinite=stop FloatingPointError."""
     cfg.validate()
     with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device):
         cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
@@ -296,7 +274,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         try:
             if trainer.checkpoints is None:  # resumed a finished run: its records stay as they are
                 return trainer.metrics
-            metrics = trainer.fit(start_records(trainer, resumed), resumed)
+            metrics = trainer.fit(start_records(trainer), resumed)
             if dist.is_main:
                 plot_run(Path(cfg.out_dir))
             if cfg.sample_tokens > 0:
@@ -312,27 +290,24 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     resume_path = checkpoints.resume_path(cfg.resume, cfg.overwrite)
     distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
     data = distributed.main_first(lambda: prepare_data(cfg.data, progress=cfg.progress), dist)
-    check_data_fits(data, cfg.model, cfg.batch_size)
-    if cfg.model.vocab_size is None:
-        cfg.model.vocab_size = data.vocab_size
-    prompt_ids = check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
-    check_fits_in_memory(cfg.model, device)
+    guards.check_data_fits(data, cfg.model, cfg.batch_size)
+    cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+    prompt_ids = guards.check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
+    guards.check_fits_in_memory(cfg.model, device)
     trainer = Trainer(cfg, data, device, dist)
     trainer.sample_prompt_ids = prompt_ids
     resumed = trainer.restore(resume_path) if resume_path is not None else None
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
         log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
-        return trainer, resumed
-    trainer.checkpoints = checkpoints
-    trainer.resume_path = resume_path
+    else:
+        trainer.checkpoints, trainer.resume_path = checkpoints, resume_path
     return trainer, resumed
 
 
-def start_records(trainer: Trainer, resumed: ckpt_io.Checkpoint | None) -> MetricsLogger | None:
+def start_records(trainer: Trainer) -> MetricsLogger | None:
     """Every check has passed: only now may this run replace what out_dir holds."""
-    cfg, state, dist = trainer.cfg, trainer.state, trainer.dist
-    out_dir = Path(cfg.out_dir)
+    cfg, state, out_dir = trainer.cfg, trainer.state, Path(trainer.cfg.out_dir)
 
     def start_run_dir() -> None:
         trainer.checkpoints.start(trainer.resume_path, state.step)
@@ -340,13 +315,12 @@ def start_records(trainer: Trainer, resumed: ckpt_io.Checkpoint | None) -> Metri
         log_to_file(out_dir / "train.log")
         write_config(out_dir / "config.yaml", asdict(cfg))
 
-    distributed.on_main(start_run_dir, dist)
-    if not dist.is_main:
+    distributed.on_main(start_run_dir, trainer.dist)
+    if not trainer.dist.is_main:
         return None
-    config = asdict(cfg)
-    logger = MetricsLogger(out_dir, cfg.logger, config, run_id=state.wandb_run_id)
-    state.wandb_run_id = logger.run_id or state.wandb_run_id
-    write_run_info(out_dir, trainer.model, config, trainer.tokens_per_step)
+    logger = MetricsLogger(out_dir, cfg.logger, asdict(cfg), run_id=state.wandb_run_id)
+    state.wandb_run_id = logger.run.id if logger.run is not None else state.wandb_run_id
+    write_run_info(out_dir, trainer.model, asdict(cfg), trainer.tokens_per_step)
     log.info("%s", run_header(trainer))
     return logger
 
@@ -355,12 +329,11 @@ def run_header(trainer: Trainer) -> str:
     """The few facts a person checks before walking away from a run (the rest is in RUN/config.yaml)."""
     cfg, m = trainer.cfg, trainer.model.config
     ends = [f"{cfg.max_steps} steps" if cfg.max_steps else "", f"{cfg.budget_s:g} s budget" if cfg.budget_s else ""]
-    length = " or ".join(end for end in ends if end)
     start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
         f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
-        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision} | {length}, "
+        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision} | {' or '.join(e for e in ends if e)}, "
         f"{trainer.tokens_per_step:,} tokens/step{start}\nrun directory {cfg.out_dir} (full config: config.yaml)"
     )
 
@@ -368,16 +341,14 @@ def run_header(trainer: Trainer) -> str:
 def print_sample(trainer: Trainer) -> None:
     """A few hundred tokens from the trained model, so a run ends with something to read."""
     cfg = trainer.cfg
-    model, _ = distributed.gather_for_save(
-        trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
-    )
+    model, _ = distributed.gather_for_save(trainer.model, None, lambda: GPT(cfg.model), None, trainer.dist)
 
     def show() -> None:
-        model.to(trainer.device).eval()
         params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
-        ids = trainer.sample_prompt_ids
-        text = "".join(stream_text(model, trainer.data.tokenizer, ids, params, trainer.device))
-        print(f"\n--- sample ---\n{cfg.sample_prompt}{text}\n--------------")
+        tokens = stream_text(
+            model.to(trainer.device).eval(), trainer.data.tokenizer, trainer.sample_prompt_ids, params, trainer.device
+        )
+        print(f"\n--- sample ---\n{cfg.sample_prompt}{''.join(tokens)}\n--------------")
 
     distributed.on_main(show, trainer.dist)
 

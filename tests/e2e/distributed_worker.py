@@ -25,7 +25,7 @@ def failing_worker(rank: int, world_size: int, port: int, out: str) -> None:
     result = {}
     with distributed.process_group(DistributedConfig(timeout_s=2), torch.device("cpu")) as (info, _):
         # A stop signal seen by rank 1 only still stops both, at the same step.
-        result["stop"] = distributed.max_over_ranks(15 if info.rank == 1 else 0, info)
+        result["stop"] = distributed.max_over_ranks([15 if info.rank == 1 else 0], info)[0]
 
         def save() -> None:
             raise OSError("no space left to write the checkpoint")

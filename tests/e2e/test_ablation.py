@@ -11,10 +11,10 @@ import pytest
 
 import training.trainer
 from analysis.sweep import CRASHED
+from cli.config import to_train_config
 from scripts.ablation_report import write_report
 from tests.helpers import compose_config, hand_count, run_cli
 from training import fairness
-from training.config import to_train_config
 from training.fairness import steps_for_flops, steps_for_time
 from training.trainer import train
 

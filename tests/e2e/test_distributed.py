@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from cli.config import to_train_config
+from cli.train_output import hydra_argv
 from data.batches import sample_batch
 from model.sampling import SamplingParams
 from scripts.sample import SampleConfig, sample
@@ -24,7 +26,6 @@ from tests.helpers import compose_config
 from training import distributed
 from training.batch_layout import BatchLayout, batch_layout
 from training.checkpoint import load_checkpoint
-from training.config import to_train_config
 from training.distributed import DistInfo
 from training.trainer import train
 
@@ -87,8 +88,8 @@ def test_bad_distributed_values_are_refused(tiny_run_overrides, overrides, messa
 
 def test_other_ranks_give_hydra_no_run_directory_of_their_own():
     argv = ["train.py", "max_steps=5", "hydra.run.dir=mine"]
-    assert distributed.hydra_argv(argv, DistInfo(rank=0, world_size=2)) == argv
-    other = distributed.hydra_argv(argv, DistInfo(rank=1, world_size=2))
+    assert hydra_argv(argv, DistInfo(rank=0, world_size=2)) == argv
+    other = hydra_argv(argv, DistInfo(rank=1, world_size=2))
     assert other[:2] == ["train.py", "max_steps=5"] and "hydra.run.dir=mine" not in other
     assert {"hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"} <= set(other)
 
@@ -145,8 +146,8 @@ def torchrun(overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
     "strategy,batch",
     [
         ("ddp", ["batch_size=8", "grad_accum_steps=4"]),  # 2 ranks x 2 micro-steps of 8 = 1 process x 4
-        # each rank takes half of the one micro-batch; AdamW, since Muon's state does not shard yet
-        ("fsdp", ["batch_size=8", "grad_accum_steps=1", "optim=adamw"]),
+        # each rank takes half of the one micro-batch; Muon orthogonalises each gathered matrix whole
+        ("fsdp", ["batch_size=8", "grad_accum_steps=1"]),
     ],
 )
 def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_overrides, tmp_path, strategy, batch):

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import training.checkpoint
+from cli.config import to_train_config
 from model.gpt import GPT
 from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
-from training.config import to_train_config
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from cli.config import to_train_config
 from tests.helpers import ROOT, compose_config, run_cli
-from training.config import to_train_config
 from training.trainer import train
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli.config import to_train_config
 from tests.helpers import ROOT, compose_config, run_cli, write_corpus
-from training.config import to_train_config
 from training.run_dir import RunLock
 from training.trainer import train
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import training.trainer
+from cli.config import to_train_config
 from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint
-from training.config import to_train_config
 from training.guards import RunInterrupted, StopSignals
 from training.trainer import train
 

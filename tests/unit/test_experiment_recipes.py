@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.types import RunMode
 
 from analysis.papers import PAPERS
+from cli.config import register_configs, to_train_config
 from tests.helpers import CONFIG_DIR, compose_config
-from training.config import register_configs, to_train_config
 
 RECIPES = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 SINGLE_RUNS = ("nanogpt_baby", "bpe_budget")  # training recipes, not sweeps (tests/unit/test_knobs.py)

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+from cli.config import to_train_config
 from model import GPT, GPTConfig
 from model.hf_interop import check_gpt2_compatible
 from model.mlp import MLP
 from tests.helpers import compose_config, hand_count
-from training.config import to_train_config
 
 V, T, L, H, D = 64, 16, 2, 2, 32
 

@@ -8,7 +8,15 @@ import torch
 
 from model import GPT, GPTConfig
 from training.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
-from training.optim import CombinedOptimizer, Float32Muon, OptimConfig, build_optimizer, lr_at, param_groups, set_lr
+from training.optim import (
+    NS_COEFFICIENTS,
+    MuonAdamW,
+    OptimConfig,
+    build_optimizer,
+    lr_at,
+    param_groups,
+    set_lr,
+)
 
 TINY = GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, d_model=16)
 
@@ -78,13 +86,12 @@ def test_adamw_decays_matrices_but_not_embeddings_gains_or_biases():
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False}))
     opt = build_optimizer(model, OptimConfig(optimizer="muon", lr=0.004, muon_lr=0.02), "cpu")
-    assert isinstance(opt, CombinedOptimizer)
-    muon, adamw = opt.optimizers
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
-    assert {id(p) for g in muon.param_groups for p in g["params"]} == {
+    assert isinstance(opt, MuonAdamW) and opt.ns_dtype == torch.float32  # CPUs iterate in fp32
+    hidden = [p for g in opt.param_groups if g["role"] == "hidden" for p in g["params"]]
+    assert {id(p) for p in hidden} == {
         id(p) for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2
     }
-    assert model.lm_head.weight in adamw.param_groups[0]["params"]
+    assert any(model.lm_head.weight is p for g in opt.param_groups if g["role"] == "head" for p in g["params"])
     set_lr(opt, 0.002)  # the schedule at half its peak: every group at half its own peak
     assert {g["role"]: g["lr"] for g in opt.param_groups} == pytest.approx(
         {"hidden": 0.01, "head": 0.002, "embedding": 0.002, "gain": 0.002}
@@ -107,7 +114,7 @@ def muon_pair(seed: int) -> tuple[GPT, torch.optim.Optimizer]:
     return model, build_optimizer(model, OptimConfig(optimizer="muon", lr=1e-2), "cpu")
 
 
-def test_combined_optimizer_trains():
+def test_muon_adamw_trains():
     model, opt = muon_pair(0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     before = [p.detach().clone() for p in model.parameters()]
@@ -119,7 +126,7 @@ def test_combined_optimizer_trains():
     assert model(x, x)[1].item() < first - 0.5
 
 
-def test_grad_scaler_unscales_every_group_of_the_combined_optimizer():
+def test_grad_scaler_unscales_every_group_of_muon_adamw():
     (plain, plain_opt), (scaled, scaled_opt) = muon_pair(0), muon_pair(0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)  # a power of two: unscaling is exact
     x = torch.randint(0, 17, (4, 8), generator=torch.Generator().manual_seed(9))
@@ -134,7 +141,7 @@ def test_grad_scaler_unscales_every_group_of_the_combined_optimizer():
         assert a.equal(b)
 
 
-def test_combined_optimizer_round_trips_through_a_checkpoint(tmp_path):
+def test_muon_adamw_round_trips_through_a_checkpoint(tmp_path):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     model, opt = muon_pair(0)
     for i in range(3):
@@ -151,19 +158,34 @@ def test_combined_optimizer_round_trips_through_a_checkpoint(tmp_path):
         assert a.equal(b)
 
 
-def test_float32_muon_takes_torchs_muon_step_up_to_bf16_rounding():
+def two_matrices_and_a_gain() -> list[torch.nn.Parameter]:
     torch.manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(24, 8)), torch.nn.Parameter(torch.randn(8, 24))]
-    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
-    starts = [w.detach().clone() for w in weights]
-    ours, theirs = Float32Muon(weights, lr=0.1, weight_decay=0.1), torch.optim.Muon(copies, lr=0.1, weight_decay=0.1)
-    for _ in range(2):
-        for w, c in zip(weights, copies, strict=True):
-            w.grad = torch.randn_like(w)
-            c.grad = w.grad.clone()
-        ours.step()
-        theirs.step()
-    for w, c, start in zip(weights, copies, starts, strict=True):
+    return [torch.nn.Parameter(torch.randn(*shape)) for shape in ((24, 8), (8, 24), (8,))]
+
+
+def take_steps(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, steps: int = 3) -> None:
+    for i in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(i * 10 + p.dim()))
+        opt.step()
+
+
+def test_muon_adamw_takes_torchs_muon_step_on_matrices_up_to_bf16_rounding():
+    ours, theirs = two_matrices_and_a_gain()[:2], two_matrices_and_a_gain()[:2]
+    muon = {"lr_scale": 1.0, "weight_decay": 0.1, "eps": 1e-7, "momentum": 0.95, "nesterov": True}
+    muon |= {"ns_coefficients": NS_COEFFICIENTS, "ns_steps": 5, "role": "hidden"}
+    take_steps(ours, MuonAdamW([{"params": ours, **muon}], lr=0.1, ns_dtype=torch.float32))
+    take_steps(theirs, torch.optim.Muon(theirs, lr=0.1, weight_decay=0.1))  # Newton-Schulz in bf16
+    for w, c, start in zip(ours, theirs, two_matrices_and_a_gain()[:2], strict=True):
         moved = (c - start).abs().max().item()
         assert moved > 0.1 and (w - c).abs().max().item() < 0.05 * moved
-        assert ours.state[w]["momentum_buffer"].equal(theirs.state[c]["momentum_buffer"])
+
+
+def test_muon_adamw_takes_torchs_adamw_step_on_the_other_groups():
+    ours, theirs = two_matrices_and_a_gain(), two_matrices_and_a_gain()
+    group = {"params": ours, "role": "gain", "lr_scale": 1.0, "weight_decay": 0.1, "betas": (0.9, 0.99), "eps": 1e-8}
+    take_steps(ours, MuonAdamW([group], lr=0.01, ns_dtype=torch.float32))
+    take_steps(theirs, torch.optim.AdamW(theirs, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1, foreach=False))
+    for w, c, start in zip(ours, theirs, two_matrices_and_a_gain(), strict=True):
+        assert not c.equal(start)
+        torch.testing.assert_close(w, c, rtol=0, atol=1e-7)
