@@ -10,23 +10,27 @@ Examples:
 """
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from cli import train_output as cli
-from cli.config import register_configs, to_train_config
+from cli.config import composition_error, register_configs, to_train_config
 from training import distributed
 from training.guards import RunInterrupted
 from training.loggers import log_to_file
 from training.trainer import train
 
 log = logging.getLogger("train")
+USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()
 
 
@@ -56,7 +60,7 @@ def main(cfg: DictConfig) -> float | None:
         if auto_named and info.is_main:
             cli.point_latest(cli.OUTPUTS, Path(cfg.out_dir))
         sys.exit(e.exit_code)
-    except (ValueError, OSError, FloatingPointError, distributed.RankFailed) as e:  # one line, no traceback
+    except USER_ERRORS as e:  # one line, no traceback
         if multirun:
             log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
@@ -76,4 +80,10 @@ if __name__ == "__main__":
         print(cli.help_text(Path(__file__).parent / "configs"))
         sys.exit(0)
     sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
-    main()
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
+        sys.exit(f"error: {composition_error(e)}")
+    except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
+        sys.exit(f"error: {e}")

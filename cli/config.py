@@ -1,14 +1,21 @@
-"""Hydra at the edge: the schema registered for `configs/`, and Hydra's DictConfig turned into a validated
-TrainConfig, refusing keys no field reads. training/ itself never imports Hydra."""
+"""Hydra at the edge: the schema registered for `configs/`, Hydra's DictConfig turned into a validated
+TrainConfig (refusing keys no field reads), and a config Hydra cannot compose said in one line.
+training/ itself never imports Hydra."""
 
 import dataclasses
 import difflib
 import typing
+from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from training.config import TrainConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def register_configs() -> None:
@@ -19,18 +26,52 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("job_subdir", lambda mode: ".hydra" if "MULTIRUN" in str(mode) else None)
 
 
+def compose_configs(overrides: list[str]) -> DictConfig:
+    """configs/ composed through Hydra's compose API, as train.py sees it (for tests and benchmarks)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
 def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
     """Keys that `+key=value` added but no schema field reads (OmegaConf would drop them silently)."""
     hints = typing.get_type_hints(schema)
     unknown = []
     for key in cfg:
-        name = f"{prefix}{key}"
         if key not in hints:
-            near = difflib.get_close_matches(str(key), list(hints), n=1)
-            unknown.append(name + (f" (did you mean {prefix}{near[0]}?)" if near else ""))
+            unknown.append(with_suggestion(prefix, str(key), hints))
         elif dataclasses.is_dataclass(hints[key]) and isinstance(cfg[key], DictConfig):
-            unknown += unknown_keys(cfg[key], hints[key], f"{name}.")
+            unknown += unknown_keys(cfg[key], hints[key], f"{prefix}{key}.")
     return unknown
+
+
+def with_suggestion(prefix: str, key: str, hints: dict[str, typing.Any]) -> str:
+    near = difflib.get_close_matches(key, list(hints), n=1)
+    return f"{prefix}{key}" + (f" (did you mean {prefix}{near[0]}?)" if near else "")
+
+
+def unknown_key_error(names: list[str]) -> str:
+    return f"unknown config key {', '.join(names)}; `python train.py --help` lists every key"
+
+
+def composition_error(e: Exception) -> str:
+    """What Hydra says over several lines (`batch_size=abc`, `model=huge`, `foo=1`), in one."""
+    cause = e.__cause__
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and getattr(cause, "full_key", None):
+        *parents, key = str(cause.full_key).split(".")
+        schema = TrainConfig
+        for parent in parents:  # the dataclass that lacks `key`
+            schema = typing.get_type_hints(schema).get(parent, schema)
+        prefix = "".join(f"{p}." for p in parents)
+        return unknown_key_error([with_suggestion(prefix, key, typing.get_type_hints(schema))])
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if isinstance(e, OverrideParseException):  # the grammar's complaint, without its link
+        return f"cannot parse override {e.override!r}: {lines[0]}"
+    if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
+        return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
+    if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option
+        return f"{lines[0]}; {lines[1].lower()} {', '.join(lines[2:])}"
+    return " ".join(lines)
 
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
@@ -38,7 +79,7 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     if not isinstance(cfg, TrainConfig):
         unknown = unknown_keys(cfg, TrainConfig)
         if unknown:
-            raise ValueError(f"unknown config key {', '.join(unknown)}; `python train.py --help` lists every key")
+            raise ValueError(unknown_key_error(unknown))
         cfg = OmegaConf.to_object(cfg)
     cfg.validate()
     return cfg

@@ -11,6 +11,15 @@ from outside. The score is the best checkpoint's mean loss over non-overlapping 
 whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
 char and BPE models compare. Recipes run one after another on the whole machine unless --jobs says
 otherwise (then each run gets its share of the cores, alike for every recipe).
+
+On a shared machine a wall-clock budget measures the neighbours as much as the recipe. `--equal-time-steps`
+keeps the budget but takes it out of the training runs: it first times every recipe's own step
+(Trainer.step, on the whole machine) in turns, so any load falls on all of them alike, then trains each
+for the steps its speed buys in (budget - start-up) seconds. Those runs are deterministic, so they may
+run in parallel under any load (--jobs).
+
+    python scripts/bench_quality.py --equal-time-steps --budget 150 --seeds 1 2 3 --jobs 2 --reference default \
+        --recipes default adamw cosine batch_12 relu2 rope_qk_norm untied       # the recipe ablation
 """
 
 import argparse
@@ -29,13 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch
+from omegaconf import OmegaConf
 
 from analysis.stats import fmt_interval, t_interval
+from cli.config import compose_configs
 from data.config import DataConfig
 from data.prepare import prepare
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
-from training.runtime import autocast, device_name, resolve_precision
+from training.runtime import autocast, device_name, resolve_device, resolve_precision
+from training.trainer import Trainer
 
 STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
 # Each recipe: the overrides that make it (the default is the configs as they are).
@@ -61,11 +73,11 @@ RECIPES = {
 }
 
 
-def run_recipe(name: str, overrides: list[str], budget: float, seed: int, out: Path, threads: int) -> dict:
-    """Train one recipe for `budget` whole-process seconds, then score it on the full val split (each
-    in its own process, with `threads` intra-op threads)."""
-    args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}"]
-    args += [f"budget_s={budget - STARTUP_S}", "max_steps=null", "logger=none", "sample_tokens=0", "progress=false"]
+def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, out: Path, threads: int) -> dict:
+    """Train one recipe for `length` (budget_s or max_steps), then score it on the full val split (each in
+    its own process, with `threads` intra-op threads)."""
+    args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}", *length]
+    args += ["logger=none", "sample_tokens=0", "progress=false"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     start = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -89,6 +101,25 @@ def score(run: Path) -> dict:
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
     bpb = bits_per_byte(loss, data.val_tokens, data.val_bytes)
     return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb}
+
+
+def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 8, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of each recipe's Trainer.step (what train.py runs), timed in turns, `steps` at a time."""
+    trainers = {}
+    for name in recipes:
+        cfg = OmegaConf.to_object(compose_configs([*RECIPES[name], *overrides, "out_dir=unused", "logger=none"]))
+        data = prepare(cfg.data, progress=False)
+        cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+        trainers[name] = Trainer(cfg, data, resolve_device(cfg.device))
+        trainers[name].step(cfg.optim.lr)  # warm-up: allocator, kernels
+    times: dict[str, list[float]] = {name: [] for name in recipes}
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                trainer.step(trainer.cfg.optim.lr)
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def print_table(rows: list[dict], reference: str) -> None:
@@ -120,6 +151,11 @@ def main() -> None:
     parser.add_argument("--reference", default="nanogpt_baby", help="recipe the others are compared against")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, sharing the cores (2 cores: 1 thread each)")
+    parser.add_argument(
+        "--equal-time-steps",
+        action="store_true",
+        help="train each recipe for the steps its measured speed buys in the budget, not for the budget itself",
+    )
     parser.add_argument("--score", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     args = parser.parse_args()
@@ -131,16 +167,25 @@ def main() -> None:
     cpu = device_name(torch.device("cpu"))
     print(
         f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; {args.budget:g} s whole-process per run; overrides {args.overrides or 'none'}",
+        f"torch {torch.__version__}; {args.budget:g} s whole-process per run"
+        f"{' (as the steps each recipe measured speed buys)' if args.equal_time_steps else ''}; "
+        f"overrides {args.overrides or 'none'}",
         flush=True,
     )
+    length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
+    if args.equal_time_steps:
+        speeds = seconds_per_step(args.recipes, args.overrides)
+        for name, seconds in speeds.items():
+            steps = int((args.budget - STARTUP_S) / seconds)
+            length[name] = [f"max_steps={steps}", "budget_s=null"]
+            print(f"  {name}: {seconds * 1000:.1f} ms/step on {torch.get_num_threads()} threads -> {steps} steps")
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(name, seed) for seed in args.seeds for name in args.recipes]
         futures = [
-            pool.submit(run_recipe, n, RECIPES[n] + args.overrides, args.budget, s, Path(tmp) / f"{n}_{s}", threads)
+            pool.submit(run_recipe, n, RECIPES[n] + args.overrides, length[n], s, Path(tmp) / f"{n}_{s}", threads)
             for n, s in jobs
         ]
         for (name, seed), future in zip(jobs, futures, strict=True):

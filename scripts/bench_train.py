@@ -37,10 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from cli.config import register_configs
+from cli.config import compose_configs
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
 from model import GPT
@@ -51,10 +50,7 @@ from training.trainer import Trainer, train
 
 
 def load_config(overrides: list[str]) -> TrainConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="config", overrides=["out_dir=unused", "logger=none", *overrides])
-    return OmegaConf.to_object(cfg)
+    return OmegaConf.to_object(compose_configs(["out_dir=unused", "logger=none", *overrides]))
 
 
 def current_rss_bytes() -> int:

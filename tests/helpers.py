@@ -6,9 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from cli.config import register_configs
+from cli.config import compose_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
@@ -30,9 +28,7 @@ def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: in
 
 def compose_config(overrides: list[str]):
     """The real configs/ tree composed through Hydra's compose API, as train.py would see it."""
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name="config", overrides=overrides)
+    return compose_configs(overrides)
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:

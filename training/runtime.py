@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from data.config import resolve_cache_dir
+from training.checkpoint import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,7 @@ def peak_flops(device: torch.device, precision: str, cache_file: Path | None = N
     if remeasure or key not in cache:
         cache[key] = measure_matmul_peak(device, precision)
         log.info("measured %s matmul peak on %s: %.3f TFLOP/s", precision, device_name(device), cache[key] / 1e12)
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=2) + "\n")
-        tmp.replace(cache_file)
+        atomic_write_bytes(cache_file, (json.dumps(cache, indent=2) + "\n").encode())  # a per-process temp file
     return cache[key]
 
 

@@ -204,6 +204,7 @@ class Trainer:
                 meter.step_done(result, now, last)
                 if self.state.step % cfg.eval_interval == 0 or last:
                     self.evaluate_and_save(meter, clock)
+                    now, _ = clock.agreed()  # the evaluation took time; a signal waits for the next step
                 if requested:  # every rank stops at the same step
                     self.state.elapsed_s = clock.local()
                     path = self.checkpoints.latest() if meter.saved_step == self.state.step else self.save(False)

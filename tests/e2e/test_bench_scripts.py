@@ -44,3 +44,26 @@ def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_ov
         assert r["step_s"] * r["tokens_per_s"] == pytest.approx(8 * 32)  # debug/tiny: batch 8 of 32 tokens
     alone = measure(job | {"backend": "auto", "precision": "bf16"})
     assert alone["peak_mem_mb"] >= 0 and alone["tokens_per_s"] > 0
+
+
+def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(tiny_run_overrides):
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    args = ["--equal-time-steps", "--budget", "21", "--recipes", "default", "batch_12", "--reference", "default"]
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_quality.py", *args, "--", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    bought = {
+        line.split(":")[0].strip(): int(line.rsplit("-> ", 1)[1].split()[0])
+        for line in out.splitlines()
+        if "ms/step" in line
+    }
+    trained = {line.split()[0]: int(line.split(", ")[1].split()[0]) for line in out.splitlines() if " seed " in line}
+    assert bought.keys() == trained.keys() == {"default", "batch_12"}
+    assert trained == bought and all(steps > 0 for steps in bought.values())  # each ran the steps its speed bought
+    assert "batch_12 - default: " in out and "bits/byte (paired by seed)" in out

@@ -83,6 +83,11 @@ BAD_INPUTS = [
     (["train.py", "out_dir={run}", "resume={tmp}/bad.bin"], "is corrupt or not a safetensors file"),
     (["train.py", "out_dir={run}", "resume={tmp}/pickle.bin"], "is a pickle/torch.save file"),
     (["train.py", "out_dir={tmp}/some_file.txt"], "is a file, not a directory"),
+    # what Hydra itself refuses, before train.py's own checks, still comes in one line
+    (["train.py", "out_dir={run}", "batch_size=abc"], "batch_size=abc: Value 'abc' of type 'str' could not be"),
+    (["train.py", "out_dir={run}", "model=huge"], "Could not find 'model/huge'; available options in 'model': "),
+    (["train.py", "out_dir={run}", "model.nhead=4"], "unknown config key model.nhead (did you mean model.n_head?)"),
+    (["train.py", "out_dir={run}", "seed=[1"], "cannot parse override 'seed=[1': no viable alternative at input '[1'"),
     (["scripts/sample.py", "{run}", "x", "--temperature", "nan"], "temperature=nan is invalid"),
     (["scripts/sample.py", "{run}", "x", "temperature=inf"], "temperature=inf is invalid"),
     (["scripts/sample.py", "{run}", "x", "--context-length", "0"], "context_length"),
