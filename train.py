@@ -54,11 +54,11 @@ def main(cfg: DictConfig) -> float | None:
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
             raise cli.nothing_to_resume(Path(train_cfg.out_dir))
-        metrics = train(train_cfg)
+        metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s", e)
         if auto_named and info.is_main:
-            cli.point_latest(cli.OUTPUTS, Path(cfg.out_dir))
+            cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)
     except USER_ERRORS as e:  # one line, no traceback
         if multirun:

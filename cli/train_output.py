@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from training.config import TrainConfig
 from training.distributed import DistInfo
 from training.guards import continue_command
+from training.run_dir import RunDirInUse
 
 OUTPUTS = Path("outputs")
 
@@ -68,6 +71,16 @@ def point_latest(root: Path, run: Path) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)
     os.replace(tmp, link)
+
+
+def train_in_new_dir(cfg: TrainConfig, train: Callable[[TrainConfig], dict], root: Path = OUTPUTS) -> dict:
+    """`train(cfg)` in the new run directory cfg.out_dir or, where a run started in the same second took that
+    name first (`... &` in a loop: its lock is held), in the next free one."""
+    while True:
+        try:
+            return train(cfg)
+        except RunDirInUse:
+            cfg.out_dir = str(new_run_dir(root))
 
 
 def nothing_to_resume(out_dir: Path) -> ValueError:

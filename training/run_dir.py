@@ -43,6 +43,10 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+class RunDirInUse(ValueError):
+    """Another live process holds the run directory's lock."""
+
+
 class RunLock:
     """An exclusive lock on a run directory; `release(discard=True)` also removes a directory that
     `acquire` created and nothing else was written to (a run refused at start-up leaves no trace)."""
@@ -64,7 +68,7 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise ValueError(
+            raise RunDirInUse(
                 f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
             ) from None
         os.ftruncate(fd, 0)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cli.config import to_train_config
+from cli.train_output import train_in_new_dir
 from tests.helpers import ROOT, compose_config, run_cli, write_corpus
 from training.run_dir import RunLock
 from training.trainer import train
@@ -215,6 +216,21 @@ def test_bad_prepared_data_and_binary_files_are_one_line_errors(corpus_args, tmp
     with pytest.raises(ValueError, match=rf"{prepared / 'meta.json'} is not valid"):
         run_train([*corpus_args, f"out_dir={tmp_path / 'r4'}"])
     assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
+
+
+def test_a_run_whose_new_directory_a_same_second_run_took_trains_in_the_next(corpus_args, tmp_path):
+    # Defect: `for s in 1 2 3; do python train.py seed=$s & done` can name two runs outputs/DATE/TIME; the
+    # second found the first's lock and failed with "in use by a live run" instead of taking TIME-2.
+    taken = tmp_path / "outputs" / "2026-12-01" / "12-00-00"
+    lock = RunLock(taken).acquire()  # the same-second run, live
+    try:
+        cfg = to_train_config(compose_config([*corpus_args, f"out_dir={taken}", "sample_tokens=0"]))
+        metrics = train_in_new_dir(cfg, train, root=tmp_path / "outputs")
+    finally:
+        lock.release()
+    ours = Path(cfg.out_dir)
+    assert ours != taken and ours.parent.parent == tmp_path / "outputs" and "val/loss" in metrics
+    assert (ours / "summary.json").is_file() and {p.name for p in taken.iterdir()} == {".lock"}
 
 
 def test_a_run_ends_saying_where_it_is_and_points_latest_at_it(corpus_args, tmp_path):
