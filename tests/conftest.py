@@ -1,6 +1,7 @@
 """Shared fixtures (helpers are in tests/helpers.py). Markers come from the folder: tests/e2e/ runs the
 real CLIs end to end (`e2e`); tests/unit/ is fast and in-process."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's addopts), the workers share the cores: each worker's torch, and the
+    CLIs its tests start (they inherit OMP_NUM_THREADS), get cores // workers threads. With every worker
+    taking every core, OpenMP threads of 2 workers on 2 cores fought over them. An OMP_NUM_THREADS the
+    caller set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

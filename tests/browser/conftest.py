@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from cli.config import to_train_config
 from lab.server import make_server, url_of
 from lab.session import LabSession
-from tests.helpers import run_cli, write_corpus
+from tests.helpers import compose_config, write_corpus
+from training.trainer import train
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -28,7 +30,7 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="package")
 def sweep_dir(tmp_path_factory) -> Path:
-    """A sweep directory holding one real tiny run (train.py +debug=tiny: 2 layers, 2 heads, 20 steps)."""
+    """A sweep directory holding one real tiny run (+debug=tiny: 2 layers, 2 heads, 20 steps)."""
     base = tmp_path_factory.mktemp("lab_browser")
     files = write_corpus(base / "corpus")
     overrides = [
@@ -39,8 +41,7 @@ def sweep_dir(tmp_path_factory) -> Path:
         f"out_dir={base / 'sweep' / 'h2'}",
         "progress=false",
     ]
-    result = run_cli(["train.py", *overrides])
-    assert result.returncode == 0, result.stderr[-2000:]
+    train(to_train_config(compose_config(overrides)))  # in-process: the page is under test, not train.py
     return base / "sweep"
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 
 from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
-from tests.helpers import ROOT, compose_config, run_cli, write_corpus
+from tests.helpers import ROOT, compose_config, run_cli
 from training.run_dir import RunLock
 from training.trainer import train
 
@@ -40,25 +41,23 @@ def checksums(directory: Path) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def corpus_args(tmp_path: Path) -> list[str]:
-    files = write_corpus(tmp_path / "corpus")
-    return [
-        "+debug=tiny",
-        "data.source=files",
-        f"data.files=[{','.join(files)}]",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        "progress=false",
-        "max_steps=10",
-        "eval_interval=5",
-    ]
+@pytest.fixture(scope="module")
+def corpus_args(shared_corpus_overrides) -> list[str]:
+    """One corpus and data cache for the module; a test that damages the cache names its own."""
+    return [*shared_corpus_overrides, "max_steps=10", "eval_interval=5"]
 
 
-@pytest.fixture
-def finished_run(corpus_args, tmp_path) -> Path:
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained_once(corpus_args, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
     run_train([*corpus_args, f"out_dir={out}"])
     return out
+
+
+@pytest.fixture
+def finished_run(trained_once, tmp_path) -> Path:
+    """A finished 10-step run of the test's own: a copy of the one the module trained."""
+    return Path(shutil.copytree(trained_once, tmp_path / "run", symlinks=True))
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -202,19 +201,20 @@ def test_a_refused_command_leaves_no_directory_behind(corpus_args, tmp_path, ove
 
 
 def test_bad_prepared_data_and_binary_files_are_one_line_errors(corpus_args, tmp_path):
+    args = [*corpus_args, f"data.cache_dir={tmp_path / 'cache'}"]  # its own cache: damaged below
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 4)
-    proc = run_cli(["train.py", *corpus_args, f"data.files=[{binary}]", f"out_dir={tmp_path / 'r1'}"])
+    proc = run_cli(["train.py", *args, f"data.files=[{binary}]", f"out_dir={tmp_path / 'r1'}"])
     assert f"data.files entry '{binary}' is a binary file" in one_error_line(proc)
-    run_train([*corpus_args, f"out_dir={tmp_path / 'r2'}", "max_steps=1"])
+    run_train([*args, f"out_dir={tmp_path / 'r2'}", "max_steps=1"])
     prepared = next((tmp_path / "cache" / "prepared").iterdir())
     train_bin = prepared / "train.bin"
     train_bin.write_bytes(train_bin.read_bytes()[:-10])
     with pytest.raises(ValueError, match=rf"prepared data in {prepared} is damaged: .*train.bin holds"):
-        run_train([*corpus_args, f"out_dir={tmp_path / 'r3'}"])
+        run_train([*args, f"out_dir={tmp_path / 'r3'}"])
     (prepared / "meta.json").write_text("{not json")
     with pytest.raises(ValueError, match=rf"{prepared / 'meta.json'} is not valid"):
-        run_train([*corpus_args, f"out_dir={tmp_path / 'r4'}"])
+        run_train([*args, f"out_dir={tmp_path / 'r4'}"])
     assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 

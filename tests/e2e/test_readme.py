@@ -4,6 +4,7 @@ fresh working directory, in the order a newcomer would (the smoke run first, the
 
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,36 +34,57 @@ def as_argv(command: str) -> list[str]:
     return [str(ROOT / words[0]), *words[1:]]
 
 
-def test_the_readmes_short_commands_work_as_pasted(tmp_path):
+@pytest.fixture(scope="module")
+def pasted(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """The README's short commands run once, as pasted, in one fresh working directory, in the order a
+    newcomer would (the smoke run first: it makes outputs/latest); the tests below read their results."""
+    cwd = tmp_path_factory.mktemp("readme")
     commands = [c for c in readme_commands() if is_short(c)]
     smoke = [c for c in commands if "+debug=tiny" in c]
-    assert smoke and any("sample.py outputs/latest" in c for c in commands) and any("--help" in c for c in commands)
-    for command in smoke + [c for c in commands if c not in smoke]:  # the smoke run makes outputs/latest
+    done = {}
+    for command in smoke + [c for c in commands if c not in smoke]:
         stdin = ":quit\n" if " -i" in command else ""
-        done = run_cli(as_argv(command), cwd=tmp_path, input=stdin, timeout=600)
-        assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
-        assert "Traceback" not in done.stderr, command
-    assert (tmp_path / "outputs" / "latest" / "checkpoints" / "best.safetensors").is_file()
+        done[command] = run_cli(as_argv(command), cwd=cwd, input=stdin, timeout=600)
+    return cwd, done
+
+
+def the_run(done: dict[str, subprocess.CompletedProcess], tool: str, word: str) -> subprocess.CompletedProcess:
+    """The result of the README's `python TOOL ...` command that contains `word`."""
+    found = [done[c] for c in done if shlex.split(c)[1] == tool and word in shlex.split(c)]
+    assert len(found) == 1, f"the README should have one short `python {tool} ... {word}` command"
+    return found[0]
+
+
+def test_the_readmes_short_commands_work_as_pasted(pasted):
+    cwd, done = pasted
+    commands = list(done)
+    assert any("+debug=tiny" in c for c in commands) and any("sample.py outputs/latest" in c for c in commands)
+    assert any("--help" in c for c in commands)
+    for command, result in done.items():
+        assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+        assert "Traceback" not in result.stderr, command
+    assert (cwd / "outputs" / "latest" / "checkpoints" / "best.safetensors").is_file()
     assert sys.executable  # the commands ran with this interpreter (the project's venv)
 
 
-def test_help_lists_every_schema_key():
+def test_help_lists_every_schema_key(pasted):
     from cli.schema_help import schema_fields
     from training.config import TrainConfig
 
-    done = run_cli([str(ROOT / "train.py"), "--help"])
+    done = the_run(pasted[1], "train.py", "--help")  # the README's `python train.py --help`
     assert done.returncode == 0
     missing = [f.name for f in schema_fields(TrainConfig) if f"  {f.name} " not in done.stdout]
     assert missing == []
 
 
-def test_a_short_runs_terminal_has_a_header_and_no_config_dump_or_glued_lines(tmp_path):
-    done = run_cli([str(ROOT / "train.py"), "+debug=tiny", "progress=true", "max_steps=40"], cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = re.split(r"[\r\n]+", done.stderr)
+def test_a_short_runs_terminal_has_a_header_and_no_config_dump_or_glued_lines(pasted):
+    cwd, done = pasted
+    smoke = the_run(done, "train.py", "+debug=tiny")  # progress=true is the default: the bar is on
+    assert smoke.returncode == 0, smoke.stderr[-2000:]
+    lines = re.split(r"[\r\n]+", smoke.stderr)
     assert any(line.startswith("model ") and " params (" in line for line in lines)
     assert not any("out_dir:" in line or "optim:" in line for line in lines)  # no resolved-config dump
     logged = [line for line in lines if "val loss" in line]
-    assert logged and all(line.startswith(("step ", "done: ")) for line in logged), logged  # not glued to the bar
+    assert len(logged) >= 2 and all(line.startswith(("step ", "done: ")) for line in logged), logged  # not glued
     assert any(line.startswith("train:") for line in lines)  # the bar has a label
-    assert Path(tmp_path / "outputs" / "latest" / "config.yaml").is_file()
+    assert Path(cwd / "outputs" / "latest" / "config.yaml").is_file()
