@@ -98,7 +98,6 @@ class HFAdapter(torch.nn.Module):
 def row_config(job: dict) -> tuple[TrainConfig, PreparedData]:
     cfg = load_config(job["overrides"])
     data = prepare(cfg.data, progress=False)
-    cfg.model.vocab_size = data.vocab_size
     cfg.model.attn_backend = job.get("backend", cfg.model.attn_backend)
     cfg.precision = job["precision"]
     cfg.compile = job["compile"]

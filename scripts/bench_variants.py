@@ -57,7 +57,6 @@ def main() -> None:
         cfg = TrainConfig(out_dir="unused", batch_size=args.batch_size, seed=0)
         cfg.model = GPTConfig(block_size=args.block_size, d_model=args.d_model, **overrides)
         data = prepare(cfg.data, progress=False)
-        cfg.model.vocab_size = data.vocab_size
         trainers[name] = Trainer(cfg, data, resolve_device(cfg.device))
     any_trainer = next(iter(trainers.values()))
     device, precision = any_trainer.device, any_trainer.precision

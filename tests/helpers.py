@@ -80,7 +80,6 @@ def tiny_trainer(tmp_path: Path, *overrides: str):
 
     cfg = tiny_config(tmp_path, *overrides)
     data = prepare(cfg.data, progress=False)
-    cfg.model.vocab_size = data.vocab_size
     return Trainer(cfg, data, torch.device("cpu"))
 
 

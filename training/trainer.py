@@ -49,6 +49,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, data: PreparedData, device: torch.device, dist: DistInfo | None = None):
         self.cfg, self.data, self.device, self.dist = cfg, data, device, dist or DistInfo()
+        take_data_vocab(cfg, data)
         self.layout = batch_layout(cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, self.dist.world_size)
         self.precision = resolve_precision(cfg.precision, device)
         self.autocast = autocast(device, self.precision)
@@ -285,6 +286,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             lock.release()
 
 
+def take_data_vocab(cfg: TrainConfig, data: PreparedData) -> None:
+    """model.vocab_size unset (the default) means the data's vocabulary."""
+    cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+
+
 def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trainer, ckpt_io.Checkpoint | None]:
     """Every check, the data, the model and its resumed state; writes nothing into out_dir."""
     checkpoints = CheckpointDir(Path(cfg.out_dir) / "checkpoints", cfg.keep_last)
@@ -292,7 +298,7 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
     data = distributed.main_first(lambda: prepare_data(cfg.data, progress=cfg.progress), dist)
     guards.check_data_fits(data, cfg.model, cfg.batch_size)
-    cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
+    take_data_vocab(cfg, data)  # before the memory check, which sizes the embedding
     prompt_ids = guards.check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
     guards.check_fits_in_memory(cfg.model, device)
     trainer = Trainer(cfg, data, device, dist)
