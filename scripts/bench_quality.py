@@ -38,14 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch
-from omegaconf import OmegaConf
 
 from analysis.stats import fmt_interval, t_interval
-from cli.config import compose_configs
 from data.config import DataConfig
 from data.prepare import prepare
+from scripts.bench_train import load_config
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
+from training.fairness import measure_seconds_per_step
 from training.runtime import autocast, device_name, resolve_device, resolve_precision
 from training.trainer import Trainer
 
@@ -104,21 +104,16 @@ def score(run: Path) -> dict:
 
 
 def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 8, rounds: int = 3) -> dict[str, float]:
-    """Median seconds of each recipe's Trainer.step (what train.py runs), timed in turns, `steps` at a time."""
+    """Median seconds of each recipe's Trainer.step (what train.py runs), timed in turns: each round times
+    `steps` of every recipe (fairness.measure_seconds_per_step, the iso_time calibration's own timer)."""
     trainers = {}
     for name in recipes:
-        cfg = OmegaConf.to_object(compose_configs([*RECIPES[name], *overrides, "out_dir=unused", "logger=none"]))
-        data = prepare(cfg.data, progress=False)
-        cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size
-        trainers[name] = Trainer(cfg, data, resolve_device(cfg.device))
-        trainers[name].step(cfg.optim.lr)  # warm-up: allocator, kernels
+        cfg = load_config([*RECIPES[name], *overrides])
+        trainers[name] = Trainer(cfg, prepare(cfg.data, progress=False), resolve_device(cfg.device))
     times: dict[str, list[float]] = {name: [] for name in recipes}
     for _ in range(rounds):
         for name, trainer in trainers.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                trainer.step(trainer.cfg.optim.lr)
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append(measure_seconds_per_step(trainer, steps))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
