@@ -134,7 +134,7 @@ class CheckpointDir:
                     f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an "
                     "older one, or give resume=PATH"
                 ) from None
-            step = checkpoint_step(path)
+            step = checkpoint_step(path) or -1  # listed from this directory: its name is its step
         else:
             path = Path(resume).expanduser()
             if not path.is_file():
