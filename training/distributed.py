@@ -256,7 +256,7 @@ def gather_for_save(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     build_model: Callable[[], nn.Module],
-    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None,
+    build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
     info: DistInfo,
 ) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
     """A plain (model, optimizer) with the whole state on rank 0, for one-file checkpoints and sampling.
@@ -271,6 +271,6 @@ def gather_for_save(
     if not info.is_main:
         return None, None
     plain = build_model()
-    plain_optimizer = build_optimizer(plain) if optimizer is not None and build_optimizer else None
+    plain_optimizer = build_optimizer(plain) if optimizer is not None else None
     set_state_dict(plain, plain_optimizer or [], model_state_dict=model_state, optim_state_dict=optim_state)
     return plain, plain_optimizer

@@ -128,7 +128,7 @@ class Meter:
 
     def __init__(self, trainer: "Trainer", logger: MetricsLogger | None) -> None:
         cfg = trainer.cfg
-        self.logger, self.log_interval, self.out_dir = logger, cfg.log_interval, Path(cfg.out_dir or ".")
+        self.logger, self.log_interval = logger, cfg.log_interval
         self.tokens_per_step, self.flops_per_token = trainer.tokens_per_step, trainer.model.flops_per_token()
         self.peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
         self.throughputs: list[float] = []
@@ -185,7 +185,7 @@ class Meter:
         record |= {"tokens_per_s": statistics.median(self.throughputs) if self.throughputs else None}
         record |= {"train_seconds": self.train_seconds}
         record |= {"train_flops": self.flops_per_token * self.tokens_per_step * state.step, **trainer.metrics}
-        write_json(self.out_dir / SUMMARY, record)
+        write_json(Path(trainer.cfg.out_dir) / SUMMARY, record)
 
     def __enter__(self) -> "Meter":
         return self

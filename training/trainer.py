@@ -348,7 +348,9 @@ def run_header(trainer: Trainer) -> str:
 def print_sample(trainer: Trainer) -> None:
     """A few hundred tokens from the trained model, so a run ends with something to read."""
     cfg = trainer.cfg
-    model, _ = distributed.gather_for_save(trainer.model, None, lambda: GPT(cfg.model), None, trainer.dist)
+    model, _ = distributed.gather_for_save(
+        trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
+    )
 
     def show() -> None:
         params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
