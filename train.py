@@ -39,6 +39,7 @@ register_configs()
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    overrides = list(hydra_cfg.overrides.task)  # a sweep job's own, so its continue command is its own
     cli.console_logging()
     info = distributed.env_info()
     distributed.quiet_unless_main(info)
@@ -53,10 +54,10 @@ def main(cfg: DictConfig) -> float | None:
             cfg.out_dir = str(cli.new_run_dir())  # under torchrun, train() gives every rank rank 0's
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
-            raise cli.nothing_to_resume(Path(train_cfg.out_dir))
+            raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides)
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
-        log.warning("%s", e)
+        log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
         if auto_named and info.is_main:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)
@@ -71,7 +72,7 @@ def main(cfg: DictConfig) -> float | None:
     if info.is_main and not multirun:  # a sweep ends with its own hint (cli.train_output.SweepHint)
         if auto_named:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
-        print(cli.closing_lines(Path(train_cfg.out_dir), metrics), file=sys.stderr)
+        print(cli.closing_lines(Path(train_cfg.out_dir), metrics, overrides), file=sys.stderr)
     return metrics.get("val/loss")  # lets Hydra sweepers optimise it
 
 

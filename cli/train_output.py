@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.guards import continue_command
 from training.run_dir import RunDirInUse
 
 OUTPUTS = Path("outputs")
@@ -83,18 +82,31 @@ def train_in_new_dir(cfg: TrainConfig, train: Callable[[TrainConfig], dict], roo
             cfg.out_dir = str(new_run_dir(root))
 
 
-def nothing_to_resume(out_dir: Path) -> ValueError:
+# Keys a continue command sets itself, and the ends a user chooses anew when extending a finished run.
+RUN_KEYS = ("out_dir", "resume", "overwrite")
+END_KEYS = ("max_steps", "budget_s")
+
+
+def continue_command(out_dir: Path, overrides: Sequence[str], drop: Sequence[str] = ()) -> str:
+    """The exact command that continues the run in `out_dir`: resume=auto there, with the overrides the
+    run was started with (without them it would compose another model, and be refused)."""
+    keys = (*RUN_KEYS, *drop)
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys]
+    return " ".join(["python train.py", f"out_dir={shlex.quote(str(out_dir))}", "resume=auto", *map(shlex.quote, kept)])
+
+
+def nothing_to_resume(out_dir: Path, overrides: Sequence[str]) -> ValueError:
     """resume=auto without out_dir: a new directory has nothing in it; point at the newest run."""
     newest = newest_run(OUTPUTS)
     hint = (
-        f"the newest run with checkpoints is {newest}: {continue_command(str(newest))}"
+        f"the newest run with checkpoints is {newest}: {continue_command(newest, overrides)}"
         if newest
         else "no run under outputs/ has checkpoints"
     )
     return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
 
 
-def closing_lines(out_dir: Path, metrics: dict[str, Any]) -> str:
+def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
     """Where the run is, and the exact commands to sample from it and to continue it."""
     out = shlex.quote(str(out_dir))
     best = out_dir / "checkpoints" / "best.safetensors"
@@ -104,7 +116,7 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any]) -> str:
             f"done: {val}run directory {out_dir}",
             f"  best checkpoint: {best}",
             f'  sample:   python scripts/sample.py {out} "ROMEO:"',
-            f"  continue: {continue_command(str(out_dir))} max_steps=N  (or budget_s=SECONDS)",
+            f"  continue: {continue_command(out_dir, overrides, drop=END_KEYS)} max_steps=N  (or budget_s=SECONDS)",
             f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]
     )

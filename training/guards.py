@@ -5,7 +5,6 @@ whose handler only sets a flag: the loop finishes its step, saves and exits with
 second Ctrl-C interrupts at once)."""
 
 import os
-import shlex
 import signal
 import threading
 from types import FrameType, TracebackType
@@ -118,20 +117,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class RunInterrupted(Exception):
-    """Raised by `train` after a signal-triggered save; `exit_code` is the shell's 128 + signum."""
+    """Raised by `train` after a signal-triggered save; `exit_code` is the shell's 128 + signum (the
+    command that continues the run is the CLI's to say: it knows the overrides the run was started with)."""
 
     def __init__(self, signum: int, step: int, path: str, out_dir: str) -> None:
-        name = signal.Signals(signum).name
-        super().__init__(
-            f"stopped by {name} after step {step}; saved {path}; continue with: {continue_command(out_dir)}"
-        )
-        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; saved {path}")
+        self.signum, self.out_dir = signum, out_dir
         self.exit_code = 128 + signum
-
-
-def continue_command(out_dir: str) -> str:
-    """The exact command that continues the run in `out_dir` (a bare resume=auto would get a new directory)."""
-    return f"python train.py out_dir={shlex.quote(str(out_dir))} resume=auto"
 
 
 class StopSignals:

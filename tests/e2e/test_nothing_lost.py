@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -150,17 +151,30 @@ def test_resume_auto_on_a_finished_run_changes_nothing(corpus_args, finished_run
 
 
 def test_the_stop_message_is_the_exact_command_that_continues(corpus_args, tmp_path):
-    # Defect: it said "continue with resume=auto", which starts a new timestamped run from scratch.
+    # Defects: it said "continue with resume=auto", which starts a new timestamped run from scratch; then
+    # it left out the run's overrides, so for any non-default model the command it gave was refused.
     out = tmp_path / "stopped run"
-    args = ["train.py", *corpus_args, f"out_dir={out}", "max_steps=2000", "eval_interval=2000"]
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    overrides = [*corpus_args, "model.n_head=4", "max_steps=2000", "eval_interval=2000"]
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *overrides, f"out_dir={out}"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
-    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
-        time.sleep(0.2)
+    metrics = out / "metrics.jsonl"
+    while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+        time.sleep(0.2)  # a logged step: the loop, and its signal handler, are running
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
-    assert f"continue with: python train.py out_dir='{out}' resume=auto" in stderr
+    step = int(re.search(r"stopped by SIGTERM after step (\d+)", stderr).group(1))
+    command = re.search(r"continue with: (.*)", stderr).group(1)
+    assert command.startswith(f"python train.py out_dir='{out}' resume=auto ")
+    argv = shlex.split(command)
+    assert argv[4:] == overrides
+    # The command as given continues the same model; only a nearer end is added, to keep the test short.
+    resumed = run_cli([*argv[1:], f"max_steps={step + 2}", "sample_tokens=0"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {out / 'checkpoints'}" in resumed.stderr
+    assert json.loads((out / "summary.json").read_text())["step"] == step + 2
 
 
 def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_run_is(corpus_args, tmp_path):
@@ -171,7 +185,7 @@ def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_
     proc = run_cli([str(ROOT / "train.py"), *corpus_args, "resume=auto"], cwd=work)
     line = one_error_line(proc)
     assert "is a new run directory, so there is nothing to resume" in line
-    assert "outputs/old: python train.py out_dir=outputs/old resume=auto" in line
+    assert "outputs/old: python train.py out_dir=outputs/old resume=auto +debug=tiny data.source=files" in line
     assert checksums(work) == before and sorted(p.name for p in (work / "outputs").iterdir()) == ["old"]
 
 
