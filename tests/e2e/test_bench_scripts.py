@@ -67,3 +67,12 @@ def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(
     assert bought.keys() == trained.keys() == {"default", "batch_12"}
     assert trained == bought and all(steps > 0 for steps in bought.values())  # each ran the steps its speed bought
     assert "batch_12 - default: " in out and "bits/byte (paired by seed)" in out
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_loop_overhead_pairs_each_round_of_the_whole_loop_with_the_bare_step(tiny_run_overrides, monkeypatch):
+    monkeypatch.setattr(bench_train, "peak_flops", lambda device, precision: 1e9)
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    job = {"overrides": overrides, "compile": False, "precision": "fp32", "warmup": 1}
+    result = bench_train.loop_overhead(job | {"steps": 2, "rounds": 2, "loop_steps": 10})
+    assert len(result["overheads"]) == 2 and all(-1 < o < 1 for o in result["overheads"])
