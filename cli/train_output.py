@@ -87,12 +87,20 @@ RUN_KEYS = ("out_dir", "resume", "overwrite")
 END_KEYS = ("max_steps", "budget_s")
 
 
-def continue_command(out_dir: Path, overrides: Sequence[str], drop: Sequence[str] = ()) -> str:
+def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequence[str] = ()) -> str:
     """The exact command that continues the run in `out_dir`: resume=auto there, with the overrides the
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys]
-    return " ".join(["python train.py", f"out_dir={shlex.quote(str(out_dir))}", "resume=auto", *map(shlex.quote, kept)])
+    return " ".join(["python train.py", f"out_dir={shell_quote(str(out_dir))}", "resume=auto", *map(shell_quote, kept)])
+
+
+def shell_quote(arg: str) -> str:
+    """shlex.quote, but an argument holding Hydra's single quotes (sample_prompt='a, b') in double
+    quotes, as a person types it, where nothing in it is special inside double quotes."""
+    if "'" in arg and not set(arg) & set('"$`\\!'):
+        return f'"{arg}"'
+    return shlex.quote(arg)
 
 
 def nothing_to_resume(out_dir: Path, overrides: Sequence[str]) -> ValueError:
