@@ -68,6 +68,9 @@ RECIPES = {
     "relu2": ["model.activation=relu2"],
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],
     "untied": ["model.tie_embeddings=false"],
+    # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
+    "batch_32": ["batch_size=32"],
+    "context_128": ["model.block_size=128", "batch_size=12"],
     # GPT-2's BPE (50257 tokens): compare with the char recipes in bits/byte.
     "bpe_budget": ["+experiment=bpe_budget"],
 }
