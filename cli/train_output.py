@@ -87,6 +87,14 @@ RUN_KEYS = ("out_dir", "resume", "overwrite")
 END_KEYS = ("max_steps", "budget_s")
 
 
+def run_overrides(task: Sequence[str], hydra: Sequence[str], multirun: bool) -> list[str]:
+    """The overrides that compose this run again: the command's own, with its `hydra.mode` choice; a
+    sweep job's are its own values, and it continues as the one run it is (hydra.mode=RUN), in its
+    directory, not as a new sweep."""
+    mode = ["hydra.mode=RUN"] if multirun else [o for o in hydra if o.startswith("hydra.mode=")]
+    return [*task, *mode]
+
+
 def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequence[str] = ()) -> str:
     """The exact command that continues the run in `out_dir`: resume=auto there, with the overrides the
     run was started with (without them it would compose another model, and be refused)."""

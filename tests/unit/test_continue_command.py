@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from cli.train_output import END_KEYS, continue_command
+from cli.train_output import END_KEYS, continue_command, run_overrides
 
 OVERRIDES = [
     "model.n_head=8",
@@ -32,3 +32,10 @@ def test_a_prompt_in_hydra_quotes_reads_as_typed():
 def test_the_closing_lines_leave_the_end_to_choose():
     argv = shlex.split(continue_command("run", [*OVERRIDES, "max_steps=10", "++resume=x"], drop=END_KEYS))
     assert argv[4:] == OVERRIDES[:-1]
+
+
+def test_a_sweep_job_continues_as_the_one_run_it_is():
+    job = ["+experiment=ablate_heads_dk_cpu", "model.n_head=2", "seed=1"]
+    assert run_overrides(job, ["hydra.sweep.dir=multirun/x"], multirun=True) == [*job, "hydra.mode=RUN"]
+    assert run_overrides(job, ["hydra.mode=RUN"], multirun=False) == [*job, "hydra.mode=RUN"]
+    assert run_overrides(job, ["hydra.run.dir=."], multirun=False) == job
