@@ -17,7 +17,8 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-METRICS = "metrics.jsonl"
+from training.run_files import METRICS
+
 ELAPSED = "time/elapsed_s"
 PANELS = [  # (title, y label, [(metric key, line label, line style)])
     ("loss", "loss (nats/token)", [("train/loss", "train", "-"), ("val/loss", "val", "--")]),

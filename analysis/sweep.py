@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from training.loggers import RUN_INFO, SUMMARY
+from training.run_files import METRICS, RUN_INFO, SUMMARY
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
@@ -136,7 +136,7 @@ def run_status(info: dict | None, summary: dict | None, final_loss: float | None
 
 def read_run(run_dir: Path) -> Run:
     """One run directory; a record cut short makes an UNREADABLE run (listed, not an error)."""
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(run_dir / METRICS)
     objects, broken = {}, []
     for name in (RUN_INFO, SUMMARY):
         try:

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from analysis import report, sweep
+from training.run_files import METRICS
 
 CURVE_KEYS = ("train/loss", "val/loss")
 
 
 def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """(step, value) per metric key of CURVE_KEYS that the run logged."""
-    records = sweep.read_jsonl(run_dir / "metrics.jsonl")
+    records = sweep.read_jsonl(run_dir / METRICS)
     out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
     return {key: points for key, points in out.items() if points}
 
@@ -56,7 +57,7 @@ def view(path: str | Path) -> dict[str, Any]:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"run or sweep directory {str(root)!r} does not exist")
-    if (root / "metrics.jsonl").is_file():
+    if (root / METRICS).is_file():
         return {"kind": "run", "path": str(root), "runs": [{"name": root.name, "curves": curves(root)}]}
     found = sweep.find_runs(root)  # FileNotFoundError when nothing under it is a run
     return {

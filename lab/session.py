@@ -16,6 +16,7 @@ from model import GPT
 from model.generate import encode_prompt
 from training.checkpoint import load_model
 from training.run_dir import find_checkpoint as resolve_checkpoint
+from training.run_files import METRICS
 from training.runtime import resolve_device
 
 
@@ -24,7 +25,7 @@ def run_dir_of(source: Path, checkpoint: Path) -> Path | None:
     if source.is_dir():
         return source
     run = checkpoint.parent.parent
-    return run if checkpoint.parent.name == "checkpoints" and (run / "metrics.jsonl").is_file() else None
+    return run if checkpoint.parent.name == "checkpoints" and (run / METRICS).is_file() else None
 
 
 class LabSession:

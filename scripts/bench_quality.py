@@ -46,6 +46,7 @@ from scripts.bench_train import load_config
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
 from training.fairness import measure_seconds_per_step
+from training.run_files import SUMMARY
 from training.runtime import autocast, device_name, resolve_device, resolve_precision
 from training.trainer import Trainer
 
@@ -90,7 +91,7 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
     score = subprocess.run([sys.executable, __file__, "--score", str(out)], capture_output=True, text=True, env=env)
     if score.returncode != 0:
         raise RuntimeError(f"scoring {name} failed:\n{score.stderr[-2000:]}")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY).read_text())
     row = {"recipe": name, "seed": seed, "steps": summary["step"], "tokens_per_s": summary["tokens_per_s"]}
     return row | {"wall_s": wall} | json.loads(score.stdout.strip().splitlines()[-1])
 

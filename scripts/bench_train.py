@@ -45,6 +45,7 @@ from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
 from training.config import TrainConfig
+from training.run_files import SUMMARY
 from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
 from training.trainer import Trainer, train
 
@@ -158,7 +159,7 @@ def loop_overhead(job: dict) -> dict:
             cfg.seed += round_
             with contextlib.redirect_stderr(io.StringIO()):  # the bar runs, out of sight
                 train(cfg)
-            loop = json.loads((Path(out) / "summary.json").read_text())["tokens_per_s"]
+            loop = json.loads((Path(out) / SUMMARY).read_text())["tokens_per_s"]
         overheads.append(1 - loop / statistics.median(rates))
     return {"overheads": overheads}
 

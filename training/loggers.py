@@ -19,13 +19,12 @@ from tqdm import tqdm
 
 from model import GPT
 from training.checkpoint import atomic_write_bytes
+from training.run_files import METRICS, RUN_INFO, SUMMARY
 from training.runtime import mfu, peak_flops
 
 if TYPE_CHECKING:
     from training.trainer import StepResult, Trainer
 
-RUN_INFO = "run_info.json"
-SUMMARY = "summary.json"
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -59,7 +58,7 @@ class MetricsLogger:
     """Writes each record as one JSON line to `metrics.jsonl` and mirrors it to wandb."""
 
     def __init__(self, out_dir: Path, cfg: LoggerConfig, config: dict[str, Any], run_id: str | None = None):
-        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path = Path(out_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (open for the run's lifetime)
         self.run = None

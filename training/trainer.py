@@ -30,6 +30,7 @@ from training.loggers import Meter, MetricsLogger, log_to_file, write_config, wr
 from training.optim import build_optimizer, lr_at, set_lr
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, RunLock, trim_metrics
+from training.run_files import METRICS
 from training.runtime import autocast, compile_or_eager, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,7 @@ def start_records(trainer: Trainer) -> MetricsLogger | None:
 
     def start_run_dir() -> None:
         trainer.checkpoints.start(trainer.resume_path, state.step)
-        trim_metrics(out_dir / "metrics.jsonl", state.step)
+        trim_metrics(out_dir / METRICS, state.step)
         log_to_file(out_dir / "train.log")
         write_config(out_dir / "config.yaml", asdict(cfg))
 
