@@ -39,7 +39,7 @@ register_configs()
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = cli.run_overrides(hydra_cfg.overrides.task, hydra_cfg.overrides.hydra, multirun)
+    overrides = cli.run_overrides(hydra_cfg.overrides.task, sys.argv[1:], multirun)
     cli.console_logging()
     info = distributed.env_info()
     distributed.quiet_unless_main(info)

@@ -87,12 +87,12 @@ RUN_KEYS = ("out_dir", "resume", "overwrite")
 END_KEYS = ("max_steps", "budget_s")
 
 
-def run_overrides(task: Sequence[str], hydra: Sequence[str], multirun: bool) -> list[str]:
-    """The overrides that compose this run again: the command's own, with its `hydra.mode` choice; a
-    sweep job's are its own values, and it continues as the one run it is (hydra.mode=RUN), in its
+def run_overrides(task: Sequence[str], argv: Sequence[str], multirun: bool) -> list[str]:
+    """The overrides that compose this run again: Hydra's task overrides (a sweep job's are its own
+    values). A sweep job, or a run continuing one (hydra.mode=RUN typed in argv; Hydra adds its own
+    mode override to every run, so its list cannot tell), continues as the one run it is, in its
     directory, not as a new sweep."""
-    mode = ["hydra.mode=RUN"] if multirun else [o for o in hydra if o.startswith("hydra.mode=")]
-    return [*task, *mode]
+    return [*task, *(["hydra.mode=RUN"] if multirun or "hydra.mode=RUN" in argv else [])]
 
 
 def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequence[str] = ()) -> str:

@@ -36,6 +36,6 @@ def test_the_closing_lines_leave_the_end_to_choose():
 
 def test_a_sweep_job_continues_as_the_one_run_it_is():
     job = ["+experiment=ablate_heads_dk_cpu", "model.n_head=2", "seed=1"]
-    assert run_overrides(job, ["hydra.sweep.dir=multirun/x"], multirun=True) == [*job, "hydra.mode=RUN"]
-    assert run_overrides(job, ["hydra.mode=RUN"], multirun=False) == [*job, "hydra.mode=RUN"]
-    assert run_overrides(job, ["hydra.run.dir=."], multirun=False) == job
+    assert run_overrides(job, ["-m", *job], multirun=True) == [*job, "hydra.mode=RUN"]
+    assert run_overrides(job, [*job, "hydra.mode=RUN"], multirun=False) == [*job, "hydra.mode=RUN"]
+    assert run_overrides(job, job, multirun=False) == job  # a plain run: no mode in its command
