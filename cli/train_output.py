@@ -87,6 +87,11 @@ RUN_KEYS = ("out_dir", "resume", "overwrite")
 END_KEYS = ("max_steps", "budget_s")
 
 
+def override_key(override: str) -> str:
+    """The key a Hydra override sets: '+model.n_head=8' -> 'model.n_head', '~seed' -> 'seed'."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def run_overrides(task: Sequence[str], argv: Sequence[str], multirun: bool) -> list[str]:
     """The overrides that compose this run again: Hydra's task overrides (a sweep job's are its own
     values). A sweep job, or a run continuing one (hydra.mode=RUN typed in argv; Hydra adds its own
@@ -99,7 +104,7 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     """The exact command that continues the run in `out_dir`: resume=auto there, with the overrides the
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys]
+    kept = [o for o in overrides if override_key(o) not in keys]
     return " ".join(["python train.py", f"out_dir={shell_quote(str(out_dir))}", "resume=auto", *map(shell_quote, kept)])
 
 
@@ -180,5 +185,5 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     if info.is_main:
         return argv
     ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "stdout"}
-    kept = [arg for arg in argv if arg.split("=", 1)[0].lstrip("+~") not in ours]
+    kept = [arg for arg in argv if override_key(arg) not in ours]
     return [*kept, *(f"{key}={value}" for key, value in ours.items())]
