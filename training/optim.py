@@ -131,12 +131,13 @@ def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: in
     X = g / ||g||_F (spectral norm <= 1). Each polynomial is one fused multiply-add (baddbmm)."""
     a, b, c = coefficients
     tall = g.shape[-2] > g.shape[-1]
-    x = (g.mT if tall else g).reshape(-1, *sorted(g.shape[-2:]))  # the wide side: A is the smaller square
+    wide = g.mT if tall else g  # iterate on the wide side: A is the smaller square
+    x = wide.reshape(-1, *wide.shape[-2:])  # a batch of one for a single matrix
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    x = x.reshape((g.mT if tall else g).shape)
+    x = x.reshape(wide.shape)
     return x.mT if tall else x
 
 
