@@ -74,5 +74,5 @@ def test_loop_overhead_pairs_each_round_of_the_whole_loop_with_the_bare_step(tin
     monkeypatch.setattr(bench_train, "peak_flops", lambda device, precision: 1e9)
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
     job = {"overrides": overrides, "compile": False, "precision": "fp32", "warmup": 1}
-    result = bench_train.loop_overhead(job | {"steps": 2, "rounds": 2, "loop_steps": 10})
+    result = bench_train.loop_overhead(job | {"rounds": 2, "loop_steps": 10})
     assert len(result["overheads"]) == 2 and all(-1 < o < 1 for o in result["overheads"])
