@@ -5,13 +5,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCES = ("shakespeare", "hub", "files")
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "bpe", "gpt2")
 
 
 @dataclass
 class DataConfig:
     source: str = "shakespeare"  # "shakespeare" | "hub" | "files"
-    tokenizer: str = "char"  # "char" | "gpt2"
+    tokenizer: str = "char"  # "char" | "bpe" (learned from the train split) | "gpt2"
+    # tokenizer=bpe: ids at most (EOT, the 256 bytes, then merges); a tiny corpus can run out of pairs first
+    bpe_vocab_size: int = 2048
     hub_path: str | None = None  # datasets.load_dataset path, or a local directory of jsonl/parquet files
     hub_name: str | None = None  # dataset config name, e.g. "sample-10BT"
     hub_split: str = "train"
@@ -28,6 +30,10 @@ class DataConfig:
             raise ValueError(f"data.source={self.source!r} is unknown; choose one of: {', '.join(SOURCES)}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"data.tokenizer={self.tokenizer!r} is unknown; choose one of: {', '.join(TOKENIZERS)}")
+        if self.tokenizer == "bpe" and not 257 < self.bpe_vocab_size <= 1 << 16:
+            raise ValueError(
+                f"data.bpe_vocab_size={self.bpe_vocab_size} must be in (257, 65536]: EOT and the 256 bytes come first"
+            )
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction} must be strictly between 0 and 1")
         if self.split_seed < 0:

@@ -77,6 +77,7 @@ def cache_key(cfg: DataConfig) -> dict:
         "format": FORMAT_VERSION,
         "source": source_identity(cfg),
         "tokenizer": cfg.tokenizer,
+        **({"bpe_vocab_size": cfg.bpe_vocab_size} if cfg.tokenizer == "bpe" else {}),
         "val_fraction": cfg.val_fraction,
         "split_seed": cfg.split_seed,
     }
@@ -115,7 +116,10 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     docs = load_documents(cfg)
     if docs.num_rows == 0:
         raise ValueError(f"data.source={cfg.source!r} gave no documents to prepare")
-    tokenizer = build_tokenizer(cfg.tokenizer, _texts(docs), cache_dir)
+    # BPE learns its merges from the train split alone, so no merge is fitted to the val text it is
+    # scored on; char takes every character (its vocabulary must cover val).
+    texts = _train_texts(docs, cfg) if cfg.tokenizer == "bpe" else _texts(docs)
+    tokenizer = build_tokenizer(cfg.tokenizer, texts, cache_dir, cfg.bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
     directory.parent.mkdir(parents=True, exist_ok=True)
     # Written into a temp dir and renamed into place only when complete: a crash leaves no `directory`.
@@ -165,6 +169,12 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
 def _texts(docs: "datasets.Dataset") -> Iterator[str]:
     for batch in docs.iter(batch_size=CHUNK_DOCUMENTS):
         yield from batch["text"]
+
+
+def _train_texts(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[str]:
+    for split, texts in _split_chunks(docs, cfg):
+        if split == "train":
+            yield from texts
 
 
 def _split_chunks(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:

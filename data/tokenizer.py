@@ -1,6 +1,7 @@
-"""Tokenizers: characters (vocabulary from the corpus) and GPT-2 byte-level BPE (via tiktoken).
+"""Tokenizers: characters (vocabulary from the corpus), a small byte-level BPE learned from the
+train split (via Hugging Face `tokenizers`), and GPT-2's byte-level BPE (via tiktoken).
 
-Both reserve one end-of-text id (EOT) that prepare.py puts after every document, so the model
+All reserve one end-of-text id (EOT) that prepare.py puts after every document, so the model
 learns where documents end and never reads one document as the continuation of another.
 """
 
@@ -101,6 +102,59 @@ class GPT2Tokenizer(Tokenizer):
         return {"name": self.name}
 
 
+class BPETokenizer(Tokenizer):
+    """A byte-level BPE of `vocab_size` ids learned from a corpus: EOT is id 0, the 256 bytes follow,
+    then the merges in the order they were learned. Any text encodes (every byte is a token).
+
+    Why it exists: a char model spends a step on each character, GPT-2's 50k-row head costs a small
+    model more than its blocks. A few hundred merges let each position cover ~2-3 characters for a
+    head that stays small (docs/recipe/tokenizer.txt)."""
+
+    def __init__(self, spec: str):
+        from tokenizers import Tokenizer as HFTokenizer  # Rust BPE; imported only when one is used
+
+        self.name = "bpe"
+        self.spec = spec  # tokenizers' JSON: the whole identity (vocabulary, merges, pre-tokenizer)
+        self._tok = HFTokenizer.from_str(spec)
+        self._tok.encode_special_tokens = True  # text that spells "<|endoftext|>" is data, not the EOT
+        self.eot_id = self._tok.token_to_id(EOT_TEXT)
+        self.vocab_size = self._tok.get_vocab_size()
+        assert self.eot_id == 0, "a learned BPE keeps its EOT at id 0"
+
+    @classmethod
+    def learn(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        tok = HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, then bytes
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOT_TEXT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        return cls(tok.to_str())
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the bpe vocabulary [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def to_meta(self) -> dict:
+        return {"name": self.name, "spec": self.spec}
+
+
 def gpt2_encoding_from_file(path: Path) -> tiktoken.Encoding:
     ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=fetch.GPT2_RANKS_SHA256)
     return tiktoken.Encoding(
@@ -144,8 +198,11 @@ def gpt2_tokenizer(cache_dir: Path) -> GPT2Tokenizer:
     return GPT2Tokenizer(encoding)
 
 
-def build_tokenizer(name: str, texts: Iterable[str] | None, cache_dir: str | Path) -> Tokenizer:
-    """A tokenizer by name; `char` takes its vocabulary from `texts`, `gpt2` ignores them."""
+def build_tokenizer(
+    name: str, texts: Iterable[str] | None, cache_dir: str | Path, bpe_vocab_size: int = 0
+) -> Tokenizer:
+    """A tokenizer by name; `char` takes its vocabulary from `texts`, `bpe` learns its merges from
+    them, `gpt2` ignores them."""
     if name == "char":
         if texts is None:
             raise ValueError("the char tokenizer needs the corpus texts to build its vocabulary")
@@ -153,6 +210,10 @@ def build_tokenizer(name: str, texts: Iterable[str] | None, cache_dir: str | Pat
         for text in texts:
             chars.update(text)
         return CharTokenizer("".join(sorted(chars)))
+    if name == "bpe":
+        if texts is None:
+            raise ValueError("the bpe tokenizer needs the corpus texts to learn its merges")
+        return BPETokenizer.learn(texts, bpe_vocab_size)
     if name == "gpt2":
         return gpt2_tokenizer(resolve_cache_dir(cache_dir))
     raise ValueError(f"tokenizer {name!r} is unknown; choose one of: {', '.join(TOKENIZERS)}")
@@ -163,6 +224,8 @@ def tokenizer_from_meta(meta: dict, cfg_or_cache_dir: DataConfig | str | Path = 
     cache = cfg_or_cache_dir.cache_dir if isinstance(cfg_or_cache_dir, DataConfig) else cfg_or_cache_dir
     if meta.get("name") == "char":
         return CharTokenizer(meta["chars"])
+    if meta.get("name") == "bpe":
+        return BPETokenizer(meta["spec"])
     if meta.get("name") == "gpt2":
         return gpt2_tokenizer(resolve_cache_dir(cache))
     raise ValueError(f"tokenizer meta names {meta.get('name')!r}; expected one of: {', '.join(TOKENIZERS)}")

@@ -8,8 +8,10 @@
   into each multi-byte token, in rank order), written into tokenizer.json. Each token's pair is recovered by
   running BPE on its bytes with only the lower-ranked merges, which stops at exactly two parts.
 
-`read_char_tokenizer` recognises a char tokenizer written here, so an exported char model imports
-back with its own vocabulary. `transformers` and `tokenizers` are optional: imported only when a
+- bpe: the learned BPE is a `tokenizers` model already; its JSON is written as it is.
+
+`read_own_tokenizer` recognises a char or learned-BPE tokenizer written here, so an exported model
+imports back with its own vocabulary. `transformers` and `tokenizers` are optional: imported only when a
 tokenizer is written.
 """
 
@@ -102,6 +104,17 @@ def char_hf_tokenizer(chars: str) -> "PreTrainedTokenizerFast":
     )
 
 
+def bpe_hf_tokenizer(spec: str) -> "PreTrainedTokenizerFast":
+    """A learned BPE (data.tokenizer.BPETokenizer): its `tokenizers` JSON is already what HF loads."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(spec)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=EOT_TEXT, eos_token=EOT_TEXT, clean_up_tokenization_spaces=False
+    )
+
+
 def save_hf_tokenizer(tokenizer_meta: dict, out_dir: Path, gpt2_ranks: dict[bytes, int] | None = None) -> None:
     """Write the tokenizer a checkpoint names (its `tokenizer` meta) into an HF model directory.
 
@@ -113,30 +126,37 @@ def save_hf_tokenizer(tokenizer_meta: dict, out_dir: Path, gpt2_ranks: dict[byte
         if gpt2_ranks is None:
             raise ValueError("the gpt2 tokenizer needs its BPE ranks to be exported")
         hf = gpt2_hf_tokenizer(gpt2_ranks)
+    elif name == "bpe":
+        hf = bpe_hf_tokenizer(tokenizer_meta["spec"])
     else:
-        raise ValueError(f"tokenizer {name!r} cannot be exported to Hugging Face; char and gpt2 can")
+        raise ValueError(f"tokenizer {name!r} cannot be exported to Hugging Face; char, bpe and gpt2 can")
     hf.save_pretrained(str(out_dir))
 
 
-def read_char_tokenizer(hf_dir: Path) -> str | None:
-    """The characters of a char tokenizer that `save_hf_tokenizer` wrote into hf_dir, else None
-    (no tokenizer.json, or one of another shape: GPT-2's BPE, say)."""
+def read_own_tokenizer(hf_dir: Path) -> dict | None:
+    """The tokenizer meta of a char or learned-BPE tokenizer that `save_hf_tokenizer` wrote into
+    hf_dir, else None (no tokenizer.json, or one of another shape: GPT-2's BPE, say)."""
     path = Path(hf_dir) / "tokenizer.json"
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        spec = json.loads(text)
         model, added = spec["model"], spec.get("added_tokens", [])
-        vocab = model["vocab"]
-        if model["type"] != "BPE" or model["merges"] or (spec.get("decoder") or {}).get("type") != "Fuse":
+        vocab, decoder = model["vocab"], (spec.get("decoder") or {}).get("type")
+        if model["type"] != "BPE":
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    chars = "".join(sorted(vocab, key=vocab.get)) if all(len(c) == 1 for c in vocab) else ""
     eot = [t.get("id") for t in added if t.get("content") == EOT_TEXT]
+    if decoder == "ByteLevel" and eot == [0]:  # ours: EOT first; GPT-2's own puts it last
+        return {"name": "bpe", "spec": text}
+    if decoder != "Fuse" or model["merges"]:
+        return None
+    chars = "".join(sorted(vocab, key=vocab.get)) if all(len(c) == 1 for c in vocab) else ""
     if (
         chars
         and sorted(vocab.values()) == list(range(len(vocab)))
         and list(chars) == sorted(chars)
         and eot == [len(chars)]
     ):
-        return chars
+        return {"name": "char", "chars": chars}
     return None

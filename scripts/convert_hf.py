@@ -29,7 +29,7 @@ from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
-from model.hf_tokenizer import read_char_tokenizer, save_hf_tokenizer
+from model.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
 from training.checkpoint import load_model, save_checkpoint
 from training.run_dir import find_checkpoint as resolve_checkpoint
 
@@ -49,6 +49,8 @@ def eot_id(tokenizer_meta: dict) -> int | None:
         return GPT2_VOCAB_SIZE - 1
     if tokenizer_meta.get("name") == "char":
         return len(tokenizer_meta["chars"])  # CharTokenizer puts EOT after its characters
+    if tokenizer_meta.get("name") == "bpe":
+        return 0  # BPETokenizer puts EOT first
     return None
 
 
@@ -131,8 +133,7 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
 
     hf = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True, use_safetensors=True).float()
     model = from_hf_gpt2(hf)
-    chars = read_char_tokenizer(hf_dir)  # one of our char exports comes back with its vocabulary
-    tokenizer = {"name": "char", "chars": chars} if chars is not None else GPT2_TOKENIZER_META
+    tokenizer = read_own_tokenizer(hf_dir) or GPT2_TOKENIZER_META  # our own exports come back as they left
     meta = {
         "step": 0,
         "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer=tokenizer["name"]))},

@@ -6,6 +6,7 @@ written between optimizer steps, so the step is the data position and the accumu
 is always 0. RNG states are restored by the caller just before the first step.
 """
 
+import json
 import logging
 import math
 from dataclasses import asdict, dataclass, fields
@@ -61,6 +62,8 @@ def describe_tokenizer(meta: dict | None) -> str:
     meta = meta or {}
     if meta.get("name") == "char" and isinstance(meta.get("chars"), str):
         return f"char ({len(meta['chars'])} characters)"
+    if meta.get("name") == "bpe" and isinstance(meta.get("spec"), str):
+        return f"bpe ({len(json.loads(meta['spec'])['model']['vocab'])} ids)"
     return repr(meta.get("name"))
 
 

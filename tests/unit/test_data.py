@@ -33,7 +33,8 @@ def test_default_config_is_valid():
     ("overrides", "message"),
     [
         ({"source": "web"}, "data.source='web' is unknown; choose one of: shakespeare, hub, files"),
-        ({"tokenizer": "bpe"}, "data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
+        ({"tokenizer": "spm"}, "data.tokenizer='spm' is unknown; choose one of: char, bpe, gpt2"),
+        ({"tokenizer": "bpe", "bpe_vocab_size": 257}, r"data.bpe_vocab_size=257 must be in \(257, 65536\]"),
         ({"val_fraction": 0.0}, r"data.val_fraction=0.0 must be strictly between 0 and 1"),
         ({"val_fraction": 1.0}, r"data.val_fraction=1.0 must be strictly between 0 and 1"),
         ({"split_seed": -1}, "data.split_seed=-1 must be >= 0"),
@@ -276,6 +277,22 @@ def test_token_and_byte_accounting(tmp_path):
     assert (len(prepared.train), len(prepared.val)) == (meta["train_tokens"], meta["val_tokens"])
     assert (prepared.val_bytes, prepared.val_tokens) == (meta["val_bytes"], meta["val_tokens"])
     assert prepared.train.dtype == np.uint16 and meta["vocab_size"] == len(set("".join(texts))) + 1
+
+
+def test_bpe_learns_its_merges_from_the_train_split_alone(tmp_path):
+    docs = [f"the common words of document {i}, the common words\n" * 5 for i in range(9)]
+    docs.append("zyzzyva " * 200)  # the one val document (seed below): frequent there, absent from train
+    write_docs(tmp_path / "docs", docs)
+    cfg = files_cfg(tmp_path, tokenizer="bpe", bpe_vocab_size=280, val_fraction=0.1, split_seed=3)
+    prepared = prepare(cfg, progress=False)
+    assert split_by_eot(prepared, "val") == [docs[-1]], "the seed puts the zyzzyva document in val"
+    tok = prepared.tokenizer
+    assert len(tok.encode(" common")) == 1, "train's frequent word is merged"
+    assert len(tok.encode(" zyzzyva")) >= 4, "val's word is not: no merge was fitted to the val text"
+    assert prepared.meta["val_tokens"] == len(tok.encode(docs[-1])) + 1
+    assert prepared.vocab_size == 280
+    other = prepare(replace(cfg, bpe_vocab_size=270), progress=False)
+    assert other.fingerprint != prepared.fingerprint and other.vocab_size == 270
 
 
 def test_second_prepare_reuses_the_cache(tmp_path, monkeypatch):

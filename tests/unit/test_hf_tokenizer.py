@@ -1,16 +1,16 @@
-"""model/hf_tokenizer.py: our char and GPT-2 tokenizers as Hugging Face tokenizers, id for id."""
+"""model/hf_tokenizer.py: our char, learned-BPE and GPT-2 tokenizers as Hugging Face tokenizers, id for id."""
 
 import pytest
 import tiktoken
 
 transformers = pytest.importorskip("transformers")
 
-from data.tokenizer import EOT_TEXT, GPT2_PATTERN, CharTokenizer  # noqa: E402
+from data.tokenizer import EOT_TEXT, GPT2_PATTERN, BPETokenizer, CharTokenizer, tokenizer_from_meta  # noqa: E402
 from model.hf_tokenizer import (  # noqa: E402
     bytes_to_unicode,
     gpt2_vocab_and_merges,
     merge_parts,
-    read_char_tokenizer,
+    read_own_tokenizer,
     save_hf_tokenizer,
 )
 
@@ -54,6 +54,19 @@ def test_char_tokenizer_loads_in_transformers_with_the_same_ids(tmp_path):
         assert ids == tok.encode(text) and hf.decode(ids) == text
     assert hf.eos_token == EOT_TEXT and hf.eos_token_id == tok.eot_id and len(hf) == tok.vocab_size
     assert hf.decode([*tok.encode("ah"), tok.eot_id]) == tok.decode([*tok.encode("ah"), tok.eot_id])
+
+
+def test_learned_bpe_loads_in_transformers_with_the_same_ids_and_reads_back(tmp_path):
+    tok = BPETokenizer.learn(TEXTS * 10, vocab_size=280)
+    save_hf_tokenizer(tok.to_meta(), tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in [*TEXTS, "never seen: Ünïcödé 日本語", "a <|endoftext|> b"]:
+        assert hf(text, split_special_tokens=True)["input_ids"] == tok.encode(text), text
+        assert hf.decode(tok.encode(text)) == text
+    assert hf.eos_token_id == tok.eot_id == 0 and len(hf) == tok.vocab_size
+    back = tokenizer_from_meta(read_own_tokenizer(tmp_path))
+    assert (back.name, back.vocab_size) == ("bpe", 280)
+    assert back.encode_batch(TEXTS) == tok.encode_batch(TEXTS)
 
 
 def test_gpt2_tokenizer_loads_in_transformers_with_tiktokens_ids(tmp_path):
@@ -108,12 +121,12 @@ def test_real_gpt2_export_loads_with_tiktokens_ids_and_generates_what_sample_py_
     assert capsys.readouterr().out.removesuffix("\n").removesuffix(EOT_TEXT) == theirs
 
 
-def test_only_a_char_tokenizer_we_wrote_is_read_back_as_one(tmp_path):
+def test_only_a_tokenizer_we_wrote_is_read_back_as_ours(tmp_path):
     save_hf_tokenizer({"name": "char", "chars": "\n ab😀"}, tmp_path / "char")
-    assert read_char_tokenizer(tmp_path / "char") == "\n ab😀"
+    assert read_own_tokenizer(tmp_path / "char") == {"name": "char", "chars": "\n ab😀"}
     save_hf_tokenizer({"name": "gpt2"}, tmp_path / "gpt2", toy_gpt2_ranks())
-    assert read_char_tokenizer(tmp_path / "gpt2") is None
-    assert read_char_tokenizer(tmp_path / "nowhere") is None
+    assert read_own_tokenizer(tmp_path / "gpt2") is None
+    assert read_own_tokenizer(tmp_path / "nowhere") is None
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "tokenizer.json").write_text("{not json")
-    assert read_char_tokenizer(tmp_path / "broken") is None
+    assert read_own_tokenizer(tmp_path / "broken") is None

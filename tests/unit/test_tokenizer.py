@@ -1,4 +1,5 @@
-"""Tokenizers: char vocabulary and errors, GPT-2 known ids, meta roundtrips, the bounded tiktoken try."""
+"""Tokenizers: char vocabulary and errors, the learned BPE, GPT-2 known ids, meta roundtrips, the bounded
+tiktoken try."""
 
 import json
 import time
@@ -10,7 +11,7 @@ import tiktoken_ext.openai_public
 
 from data import build_tokenizer, fetch, tokenizer_from_meta
 from data import tokenizer as tokenizer_mod
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
+from data.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
 
 
 def test_char_vocab_is_sorted_corpus_chars_plus_eot(tmp_path):
@@ -50,11 +51,53 @@ def test_char_meta_roundtrips_through_json(tmp_path):
     assert again.encode("brown fox") == tok.encode("brown fox")
 
 
+BPE_TEXTS = ["the king and the queen and the prince\n" * 20, "to be or not to be, the question\n" * 20]
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return BPETokenizer.learn(BPE_TEXTS, vocab_size=280)
+
+
+def test_bpe_has_the_asked_size_eot_first_and_learns_frequent_words(bpe):
+    assert (bpe.name, bpe.vocab_size, bpe.eot_id) == ("bpe", 280, 0)
+    assert len(bpe.encode(" the")) == 1, "a word seen 80 times is one merge away"
+    assert len(bpe.encode("the king")) < len("the king")
+
+
+def test_bpe_encodes_any_text_and_decodes_it_back(bpe):
+    text = "Ünïcödé, 日本語 and emoji 😀 — never seen\n\n  indented\tlines "
+    assert bpe.decode(bpe.encode(text)) == text  # unseen characters fall back to their bytes
+    assert bpe.decode([*bpe.encode("the"), bpe.eot_id]) == "the<|endoftext|>"
+
+
+def test_bpe_text_that_spells_the_eot_is_data(bpe):
+    ids = bpe.encode("a <|endoftext|> b")
+    assert bpe.eot_id not in ids and bpe.decode(ids) == "a <|endoftext|> b"
+
+
+def test_bpe_decode_rejects_ids_outside_the_vocabulary(bpe):
+    with pytest.raises(ValueError, match=r"token id 280 is outside the bpe vocabulary \[0, 280\)"):
+        bpe.decode([5, 280])
+
+
+def test_bpe_meta_roundtrips_through_json(tmp_path, bpe):
+    again = tokenizer_from_meta(json.loads(json.dumps(bpe.to_meta())), tmp_path)
+    assert (again.name, again.vocab_size, again.eot_id) == ("bpe", 280, 0)
+    assert again.encode_batch(BPE_TEXTS) == bpe.encode_batch(BPE_TEXTS)
+    assert build_tokenizer("bpe", BPE_TEXTS, tmp_path, bpe_vocab_size=280).to_meta() == bpe.to_meta(), "deterministic"
+
+
+def test_bpe_needs_texts(tmp_path):
+    with pytest.raises(ValueError, match="needs the corpus texts"):
+        build_tokenizer("bpe", None, tmp_path, bpe_vocab_size=280)
+
+
 def test_unknown_names_are_rejected(tmp_path):
-    with pytest.raises(ValueError, match="tokenizer 'bpe' is unknown; choose one of: char, gpt2"):
-        build_tokenizer("bpe", ["x"], tmp_path)
-    with pytest.raises(ValueError, match="tokenizer meta names 'bpe'; expected one of: char, gpt2"):
-        tokenizer_from_meta({"name": "bpe"}, tmp_path)
+    with pytest.raises(ValueError, match="tokenizer 'sentencepiece' is unknown; choose one of: char, bpe, gpt2"):
+        build_tokenizer("sentencepiece", ["x"], tmp_path)
+    with pytest.raises(ValueError, match="tokenizer meta names 'wordpiece'; expected one of: char, bpe, gpt2"):
+        tokenizer_from_meta({"name": "wordpiece"}, tmp_path)
 
 
 def test_tiktoken_attempt_is_bounded_when_the_download_hangs(monkeypatch):
