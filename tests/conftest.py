@@ -32,6 +32,7 @@ def tiny_run_overrides(tmp_path: Path, tiny_corpus: list[str]) -> list[str]:
     return [
         "+debug=tiny",
         "data.source=files",
+        "data.tokenizer=char",  # ~25 symbols of the generated corpus; tests of the BPE name it
         f"data.files=[{','.join(tiny_corpus)}]",
         f"data.cache_dir={tmp_path / 'cache'}",
         f"out_dir={tmp_path / 'run'}",
@@ -48,6 +49,7 @@ def shared_corpus_overrides(tmp_path_factory) -> list[str]:
     return [
         "+debug=tiny",
         "data.source=files",
+        "data.tokenizer=char",  # ~25 symbols of the generated corpus; tests of the BPE name it
         f"data.files=[{','.join(files)}]",
         f"data.cache_dir={base / 'cache'}",
         "progress=false",

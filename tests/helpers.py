@@ -61,6 +61,7 @@ def tiny_config(tmp_path: Path, *overrides: str):
             [
                 "+debug=tiny",
                 "data.source=files",
+                "data.tokenizer=char",
                 f"data.files=[{','.join(files)}]",
                 f"data.cache_dir={tmp_path / 'cache'}",
                 f"out_dir={tmp_path / 'run'}",

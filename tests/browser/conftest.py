@@ -36,6 +36,7 @@ def sweep_dir(tmp_path_factory) -> Path:
     overrides = [
         "+debug=tiny",
         "data.source=files",
+        "data.tokenizer=char",
         f"data.files=[{','.join(files)}]",
         f"data.cache_dir={base / 'cache'}",
         f"out_dir={base / 'sweep' / 'h2'}",

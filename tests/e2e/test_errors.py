@@ -59,7 +59,7 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("model.d_k=0", r"model.d_k=0 is invalid"),
         ("model.dropout=1.5", r"model.dropout=1.5 is invalid"),
         ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be a finite number > 0"),
-        ("data.tokenizer=bpe", r"data.tokenizer='bpe' is unknown; choose one of: char, gpt2"),
+        ("data.tokenizer=wordpiece", r"data.tokenizer='wordpiece' is unknown; choose one of: char, bpe, gpt2"),
         ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
         ("model.block_size=100000", r"the train split has \d+ tokens, fewer than one batch needs"),
         ("batch_size=0", r"batch_size=0 is invalid"),

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 def run_dir(tmp_path_factory):
     base = tmp_path_factory.mktemp("tools")
     files = write_corpus(base / "corpus")
-    overrides = ["+debug=tiny", "data.source=files", f"data.files=[{','.join(files)}]"]
+    overrides = ["+debug=tiny", "data.source=files", "data.tokenizer=char", f"data.files=[{','.join(files)}]"]
     overrides += [f"data.cache_dir={base / 'cache'}", f"out_dir={base / 'run'}", "progress=false", "optim.lr=3e-3"]
     done = run_cli(["train.py", *overrides])
     assert done.returncode == 0, done.stderr[-3000:]

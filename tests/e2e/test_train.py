@@ -38,6 +38,21 @@ def test_tiny_run_learns_and_writes_metrics_and_checkpoints(tiny_run_overrides, 
     assert model.config.n_layer == 2
 
 
+def test_a_learned_bpe_run_trains_scores_per_byte_and_samples_any_prompt(tiny_run_overrides, tmp_path, capsys):
+    from scripts.sample import main as sample_main
+
+    bpe = ["data.tokenizer=bpe", "data.bpe_vocab_size=300", "max_steps=30", "eval_interval=30", "optim.lr=3e-3"]
+    metrics = run_train([*tiny_run_overrides, *bpe])
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.safetensors")
+    assert ckpt.meta["tokenizer"]["name"] == "bpe" and ckpt.meta["config"]["model"]["vocab_size"] == 300
+    # a token covers more than a byte, so bits/byte is below the loss in bits/token
+    assert metrics["val/bpb"] < 0.8 * metrics["val/loss"] / math.log(2)
+    prompt = "ROMEO: hi, there — naïve 😀"  # characters the corpus never had: BPE falls back to bytes
+    capsys.readouterr()  # the run's own closing sample
+    sample_main([str(tmp_path / "run"), prompt, "--temperature", "0", "--max-new-tokens", "10", "--device", "cpu"])
+    assert capsys.readouterr().out.startswith(prompt)
+
+
 def test_resume_continues_from_the_last_checkpoint(tiny_run_overrides, tmp_path):
     run_train([*tiny_run_overrides, "max_steps=20"])
     metrics = run_train([*tiny_run_overrides, "max_steps=30", "resume=auto"])
