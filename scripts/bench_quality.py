@@ -72,16 +72,10 @@ RECIPES = {
     # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
     "batch_32": ["batch_size=32"],
     "context_128": ["model.block_size=128", "batch_size=12"],
-    "bpe_1024": ["data.tokenizer=bpe", "data.bpe_vocab_size=1024"],
-    "bpe_2048": ["data.tokenizer=bpe", "data.bpe_vocab_size=2048"],
-    "bpe_4096": ["data.tokenizer=bpe", "data.bpe_vocab_size=4096"],
-    "bpe_2048_rope_qk_norm": [
-        "data.tokenizer=bpe",
-        "data.bpe_vocab_size=2048",
-        "model.pos_encoding=rope",
-        "model.qk_norm=true",
-    ],
+    # The tokenizer: one token a character (the recipes above were chosen on it), or another BPE size.
     "char": ["data=shakespeare"],
+    "bpe_1024": ["data.bpe_vocab_size=1024"],
+    "bpe_4096": ["data.bpe_vocab_size=4096"],
     # GPT-2's BPE (50257 tokens): compare with the char recipes in bits/byte.
     "bpe_budget": ["+experiment=bpe_budget"],
 }

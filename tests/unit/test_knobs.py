@@ -200,7 +200,13 @@ def test_the_default_run_is_the_measured_recipe():
         "1-sqrt",
         0.3,
     )
-    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 65}))  # the default model still exports to GPT-2
+    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 2048)
+    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 2048}))  # the default model still exports to GPT-2
+
+
+def test_the_baseline_and_the_committed_char_studies_stay_on_characters():
+    for experiment in ("nanogpt_baby", "ablate_heads_dk_cpu", "gqa_cpu", "vaswani_a_cpu"):
+        assert compose_config([f"+experiment={experiment}"]).data.tokenizer == "char", experiment
 
 
 def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
