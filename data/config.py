@@ -13,7 +13,7 @@ class DataConfig:
     source: str = "shakespeare"  # "shakespeare" | "hub" | "files"
     tokenizer: str = "char"  # "char" | "bpe" (learned from the train split) | "gpt2"
     # tokenizer=bpe: ids at most (EOT, the 256 bytes, then merges); a tiny corpus can run out of pairs first
-    bpe_vocab_size: int = 2048
+    bpe_vocab_size: int = 4096
     hub_path: str | None = None  # datasets.load_dataset path, or a local directory of jsonl/parquet files
     hub_name: str | None = None  # dataset config name, e.g. "sample-10BT"
     hub_split: str = "train"

@@ -106,9 +106,9 @@ class BPETokenizer(Tokenizer):
     """A byte-level BPE of `vocab_size` ids learned from a corpus: EOT is id 0, the 256 bytes follow,
     then the merges in the order they were learned. Any text encodes (every byte is a token).
 
-    Why it exists: a char model spends a step on each character, GPT-2's 50k-row head costs a small
-    model more than its blocks. A few hundred merges let each position cover ~2-3 characters for a
-    head that stays small (docs/recipe/tokenizer.txt)."""
+    Why it exists: a char model spends a position on each character, and GPT-2's 50k-row head costs
+    a small model more than its blocks. A few thousand merges let each position cover ~3 bytes
+    of Shakespeare for a head that stays small (docs/recipe/search.md, "the tokenizer")."""
 
     def __init__(self, spec: str):
         from tokenizers import Tokenizer as HFTokenizer  # Rust BPE; imported only when one is used

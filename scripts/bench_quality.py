@@ -75,7 +75,7 @@ RECIPES = {
     # The tokenizer: one token a character (the recipes above were chosen on it), or another BPE size.
     "char": ["data=shakespeare"],
     "bpe_1024": ["data.bpe_vocab_size=1024"],
-    "bpe_4096": ["data.bpe_vocab_size=4096"],
+    "bpe_2048": ["data.bpe_vocab_size=2048"],
     # GPT-2's BPE (50257 tokens): compare with the char recipes in bits/byte.
     "bpe_budget": ["+experiment=bpe_budget"],
 }

@@ -5,11 +5,11 @@
 
 Export takes a GPT-2-compatible checkpoint (learned positions, n_kv_head = n_head, no QK-norm,
 d_k = d_model / n_head) and writes a `GPT2LMHeadModel` (config.json, model.safetensors) that
-computes the same logits, and the checkpoint's tokenizer (tokenizer.json: char or GPT-2 BPE), so
+computes the same logits, and the checkpoint's tokenizer (tokenizer.json: char, learned BPE or GPT-2 BPE), so
 `transformers.pipeline("text-generation", model=OUT_DIR)` generates what scripts/sample.py does.
 Import reads a local directory's safetensors weights only (a pickle `pytorch_model.bin` is refused,
 never loaded) and writes a checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its
-header (or the char tokenizer, for a directory this script exported). Neither replaces an existing
+header (or its own char or learned BPE, for a directory this script exported). Neither replaces an existing
 target without --force, and then the new one is written beside it first and renamed into place, so
 a failure leaves the old one. A problem the user can fix exits non-zero with one line `error: ...`,
 touching nothing.

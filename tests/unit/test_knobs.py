@@ -200,8 +200,8 @@ def test_the_default_run_is_the_measured_recipe():
         "1-sqrt",
         0.3,
     )
-    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 2048)
-    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 2048}))  # the default model still exports to GPT-2
+    assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
+    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))  # the default model still exports to GPT-2
 
 
 def test_the_baseline_and_the_committed_char_studies_stay_on_characters():
