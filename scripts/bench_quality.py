@@ -159,7 +159,9 @@ def main() -> None:
         action="store_true",
         help="train each recipe for the steps its measured speed buys in the budget, not for the budget itself",
     )
-    parser.add_argument("--score", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--score", type=Path, metavar="RUN", help="only score RUN's best checkpoint on the full val split"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     args = parser.parse_args()
     if args.score:
