@@ -201,12 +201,17 @@ def test_the_default_run_is_the_measured_recipe():
         0.3,
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
-    check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))  # the default model still exports to GPT-2
+    assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", True)
+    with pytest.raises(ValueError, match="pos_encoding"):  # so it does not export; model=gpt2 does
+        check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))
+    check_gpt2_compatible(GPTConfig(**{**compose_config(["model=gpt2"]).model, "vocab_size": 4096}))
 
 
-def test_the_baseline_and_the_committed_char_studies_stay_on_characters():
-    for experiment in ("nanogpt_baby", "ablate_heads_dk_cpu", "gqa_cpu", "vaswani_a_cpu"):
-        assert compose_config([f"+experiment={experiment}"]).data.tokenizer == "char", experiment
+def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_learned_positions():
+    for experiment in ("nanogpt_baby", "ablate_heads_dk_cpu", "gqa_cpu", "vaswani_a_cpu", "bpe_budget"):
+        cfg = compose_config([f"+experiment={experiment}"])
+        assert cfg.data.tokenizer == ("gpt2" if experiment == "bpe_budget" else "char"), experiment
+        assert (cfg.model.pos_encoding, cfg.model.qk_norm) == ("learned", False), experiment
 
 
 def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():

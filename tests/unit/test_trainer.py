@@ -89,7 +89,7 @@ def test_progress_runs_toward_whichever_end_comes_first(tmp_path):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("pos_encoding", "rope"), ("rope_base", 500.0), ("qk_norm", True), ("n_kv_head", 1), ("d_ff", 64)],
+    [("pos_encoding", "learned"), ("rope_base", 500.0), ("qk_norm", False), ("n_kv_head", 1), ("d_ff", 64)],
 )
 def test_resume_refuses_any_model_field_change_naming_both_values(tmp_path, field, value):
     # Defect on the old main: only a hand list of shape keys was compared, so these resumed silently.
