@@ -67,7 +67,8 @@ RECIPES = {
     "cosine": ["optim.schedule=cosine"],
     "batch_12": ["batch_size=12"],
     "relu2": ["model.activation=relu2"],
-    "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],
+    "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],  # now the default; the docs' commands name it
+    "learned_positions": ["model.pos_encoding=learned", "model.qk_norm=false"],  # GPT-2's layout, which exports
     "untied": ["model.tie_embeddings=false"],
     # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
     "batch_32": ["batch_size=32"],

@@ -224,3 +224,12 @@ def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
 def test_recipes_validate_as_single_runs(recipe, tmp_path):
     cfg = to_train_config(compose_config([f"+experiment={recipe}", f"out_dir={tmp_path}"]))
     assert cfg.model.block_size == 64
+
+
+def test_every_bench_quality_recipe_composes_to_a_valid_run(tmp_path):
+    from scripts.bench_quality import RECIPES
+
+    for overrides in RECIPES.values():  # a mistyped override would be refused here, not an hour into a run
+        to_train_config(compose_config([*overrides, f"out_dir={tmp_path}"]))
+    learned = compose_config(RECIPES["learned_positions"]).model
+    assert (learned.pos_encoding, learned.qk_norm) == ("learned", False)
