@@ -46,6 +46,16 @@ def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_ov
     assert alone["peak_mem_mb"] >= 0 and alone["tokens_per_s"] > 0
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_the_hf_row_takes_gpt2s_layout_of_a_rope_qk_norm_default(tiny_run_overrides, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(bench_train, "peak_flops", lambda device, precision: 1e9)
+    job = {"overrides": tiny_run_overrides, "compile": False, "steps": 2, "warmup": 1, "precision": "fp32"}
+    assert bench_train.load_config(tiny_run_overrides).model.pos_encoding == "rope"  # GPT-2 cannot hold it as is
+    (row,) = measure_interleaved([job | {"hf": "gelu_new"}])
+    assert row["tokens_per_s"] > 0
+
+
 def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(tiny_run_overrides):
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
     args = ["--equal-time-steps", "--budget", "21", "--recipes", "default", "batch_12", "--reference", "default"]
