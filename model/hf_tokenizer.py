@@ -133,13 +133,24 @@ def save_hf_tokenizer(tokenizer_meta: dict, out_dir: Path, gpt2_ranks: dict[byte
     hf.save_pretrained(str(out_dir))
 
 
+def learned_bpe_spec(spec: dict) -> str:
+    """A learned BPE's `tokenizers` JSON as BPETokenizer wrote it: transformers adds a post-processor
+    that inserts nothing (no special tokens), which ours never had; dropped, the spec is the one that
+    was exported, so the checkpoint's tokenizer meta matches the run it came from."""
+    from tokenizers import Tokenizer
+
+    post = spec.get("post_processor") or {}
+    if post.get("type") == "TemplateProcessing" and not post.get("special_tokens"):
+        spec = {**spec, "post_processor": None}
+    return Tokenizer.from_str(json.dumps(spec)).to_str()
+
+
 def read_own_tokenizer(hf_dir: Path) -> dict | None:
     """The tokenizer meta of a char or learned-BPE tokenizer that `save_hf_tokenizer` wrote into
     hf_dir, else None (no tokenizer.json, or one of another shape: GPT-2's BPE, say)."""
     path = Path(hf_dir) / "tokenizer.json"
     try:
-        text = path.read_text(encoding="utf-8")
-        spec = json.loads(text)
+        spec = json.loads(path.read_text(encoding="utf-8"))
         model, added = spec["model"], spec.get("added_tokens", [])
         vocab, decoder = model["vocab"], (spec.get("decoder") or {}).get("type")
         if model["type"] != "BPE":
@@ -148,7 +159,7 @@ def read_own_tokenizer(hf_dir: Path) -> dict | None:
         return None
     eot = [t.get("id") for t in added if t.get("content") == EOT_TEXT]
     if decoder == "ByteLevel" and eot == [0]:  # ours: EOT first; GPT-2's own puts it last
-        return {"name": "bpe", "spec": text}
+        return {"name": "bpe", "spec": learned_bpe_spec(spec)}
     if decoder != "Fuse" or model["merges"]:
         return None
     chars = "".join(sorted(vocab, key=vocab.get)) if all(len(c) == 1 for c in vocab) else ""

@@ -64,6 +64,7 @@ def test_learned_bpe_loads_in_transformers_with_the_same_ids_and_reads_back(tmp_
         assert hf(text, split_special_tokens=True)["input_ids"] == tok.encode(text), text
         assert hf.decode(tok.encode(text)) == text
     assert hf.eos_token_id == tok.eot_id == 0 and len(hf) == tok.vocab_size
+    assert read_own_tokenizer(tmp_path) == tok.to_meta(), "our export comes back with the meta it left with"
     back = tokenizer_from_meta(read_own_tokenizer(tmp_path))
     assert (back.name, back.vocab_size) == ("bpe", 280)
     assert back.encode_batch(TEXTS) == tok.encode_batch(TEXTS)
