@@ -19,7 +19,7 @@ for the steps its speed buys in (budget - start-up) seconds. Those runs are dete
 run in parallel under any load (--jobs).
 
     python scripts/bench_quality.py --equal-time-steps --budget 150 --seeds 1 2 3 --jobs 2 --reference default \
-        --recipes default adamw cosine batch_12 relu2 rope_qk_norm untied       # the recipe ablation
+        --recipes default adamw cosine batch_12 relu2 untied learned_positions fp32   # the recipe ablation
 """
 
 import argparse
@@ -70,6 +70,7 @@ RECIPES = {
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],  # now the default; the docs' commands name it
     "learned_positions": ["model.pos_encoding=learned", "model.qk_norm=false"],  # GPT-2's layout, which exports
     "untied": ["model.tie_embeddings=false"],
+    "fp32": ["precision=fp32"],  # what bf16 autocast buys where the CPU has it natively (AMX, AVX512-BF16)
     # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
     "batch_32": ["batch_size=32"],
     "context_128": ["model.block_size=128", "batch_size=12"],
