@@ -2,7 +2,7 @@
 in one run, each scored on *every* token of the val split.
 
     python scripts/bench_quality.py                          # the default vs nanoGPT's CPU baby GPT, 300 s each
-    python scripts/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default no_muon ...
+    python scripts/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default adamw ...
     python scripts/bench_quality.py --budget 300 -- data=shakespeare_gpt2   # Hydra overrides for every recipe
 
 Each recipe is `python train.py` with its overrides, `budget_s` set so the whole process (start-up,
@@ -148,10 +148,16 @@ def print_table(rows: list[dict], reference: str) -> None:
             print(f"{name} - {reference}: {fmt_interval(diff, signed=True)} bits/byte (paired by seed)")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=300.0, help="whole-process seconds per run")
-    parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=sorted(RECIPES))
+    parser.add_argument(
+        "--recipes",
+        nargs="*",
+        default=["default", "nanogpt_baby"],
+        choices=sorted(RECIPES),
+        help="default: the headline pair",
+    )
     parser.add_argument("--seeds", type=int, nargs="*", default=[1337])
     parser.add_argument("--reference", default="nanogpt_baby", help="recipe the others are compared against")
     parser.add_argument("--json", type=Path, help="also write the rows here")
@@ -165,6 +171,11 @@ def main() -> None:
         "--score", type=Path, metavar="RUN", help="only score RUN's best checkpoint on the full val split"
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.score:
         print(json.dumps(score(args.score)))

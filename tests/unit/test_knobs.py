@@ -233,3 +233,11 @@ def test_every_bench_quality_recipe_composes_to_a_valid_run(tmp_path):
         to_train_config(compose_config([*overrides, f"out_dir={tmp_path}"]))
     learned = compose_config(RECIPES["learned_positions"]).model
     assert (learned.pos_encoding, learned.qk_norm) == ("learned", False)
+
+
+def test_bench_quality_with_no_recipes_named_runs_the_headline_pair_only():
+    from scripts.bench_quality import build_parser
+
+    # the docstring's first command: the default against nanoGPT's recipe, not all 16 recipes for 80 minutes
+    args = build_parser().parse_args([])
+    assert (args.recipes, args.reference, args.budget) == (["default", "nanogpt_baby"], "nanogpt_baby", 300.0)
