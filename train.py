@@ -1,7 +1,7 @@
 """Train a GPT: `python train.py [group=option ...] [key=value ...]` (Hydra).
 
 Examples:
-    python train.py                                   # default model on Shakespeare (char)
+    python train.py                                   # the default: a small GPT on Shakespeare, 5 minutes
     python train.py model.n_head=8 model.d_k=32       # heads and d_k are independent
     python train.py data=shakespeare_gpt2 max_steps=500
     python train.py +debug=tiny                        # a seconds-long smoke run
@@ -9,9 +9,18 @@ Examples:
     torchrun --standalone --nproc_per_node=4 train.py  # DDP on 4 GPUs (or CPU processes), same results
 """
 
+import signal
+import sys
+
+# Ctrl-C in the seconds torch and Hydra take to import: a quiet exit (nothing is written yet), not a
+# traceback from deep inside an import; the handler before it (Python's, or an inherited ignore) is back
+# once they are loaded.
+SIGINT_HANDLER = signal.getsignal(signal.SIGINT)
+if SIGINT_HANDLER is signal.default_int_handler:
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+
 import logging
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -29,6 +38,7 @@ from training.guards import RunInterrupted
 from training.loggers import log_to_file
 from training.trainer import train
 
+signal.signal(signal.SIGINT, SIGINT_HANDLER)
 log = logging.getLogger("train")
 USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()
@@ -88,3 +98,6 @@ if __name__ == "__main__":
         sys.exit(f"error: {composition_error(e)}")
     except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # during start-up (a run dir made for it is gone again) or a second Ctrl-C
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -281,3 +281,15 @@ def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(cor
             run_train([*corpus_args, f"out_dir={tmp_path / name}", f"resume={path}"])
         assert "\n" not in str(refused.value)
     assert ckpt.meta["step"] == 10
+
+
+def test_ctrl_c_while_train_py_starts_exits_130_without_a_traceback_or_a_run_dir(tmp_path):
+    out = tmp_path / "run"
+    args = [sys.executable, "train.py", "+debug=tiny", "data.tokenizer=char", f"out_dir={out}", "logger=none"]
+    # A shell's child gets Ctrl-C with its default disposition (a test runner's worker may ignore it).
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    time.sleep(0.5)  # inside the imports: torch alone takes longer
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, "Traceback" in err, out.exists()) == (130, False, False), err[-2000:]
