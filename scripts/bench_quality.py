@@ -68,7 +68,7 @@ RECIPES = {
     "batch_12": ["batch_size=12"],
     "relu2": ["model.activation=relu2"],
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],  # now the default; the docs' commands name it
-    "learned_positions": ["model.pos_encoding=learned", "model.qk_norm=false"],  # GPT-2's layout, which exports
+    "learned_positions": ["model=small_learned"],  # GPT-2's positional layout, which exports
     "untied": ["model.tie_embeddings=false"],
     "fp32": ["precision=fp32"],  # what bf16 autocast buys where the CPU has it natively (AMX, AVX512-BF16)
     # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
