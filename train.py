@@ -9,36 +9,29 @@ Examples:
     torchrun --standalone --nproc_per_node=4 train.py  # DDP on 4 GPUs (or CPU processes), same results
 """
 
-import signal
-import sys
-
-# Ctrl-C in the seconds torch and Hydra take to import: a quiet exit (nothing is written yet), not a
-# traceback from deep inside an import; the handler before it (Python's, or an inherited ignore) is back
-# once they are loaded.
-SIGINT_HANDLER = signal.getsignal(signal.SIGINT)
-if SIGINT_HANDLER is signal.default_int_handler:
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
-
 import logging
 import os
+import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
-from hydra.types import RunMode
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
-from torch.distributed.elastic.multiprocessing.errors import record
+from cli.ctrl_c import exit_quietly_on_ctrl_c
 
-from cli import train_output as cli
-from cli.config import composition_error, register_configs, to_train_config
-from training import distributed
-from training.guards import RunInterrupted
-from training.loggers import log_to_file
-from training.trainer import train
+with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
+    from torch.distributed.elastic.multiprocessing.errors import record
 
-signal.signal(signal.SIGINT, SIGINT_HANDLER)
+    from cli import train_output as cli
+    from cli.config import composition_error, register_configs, to_train_config
+    from training import distributed
+    from training.guards import RunInterrupted
+    from training.loggers import log_to_file
+    from training.trainer import train
+
 log = logging.getLogger("train")
 USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()

@@ -28,13 +28,16 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
-from data import Tokenizer, tokenizer_from_meta
-from model.generate import check_context_length, encode_prompt, stream_text
-from model.sampling import SamplingParams
-from training.checkpoint import load_model
-from training.run_dir import find_checkpoint as resolve_checkpoint
-from training.runtime import resolve_device
+from cli.ctrl_c import exit_quietly_on_ctrl_c
+
+with exit_quietly_on_ctrl_c():  # torch takes seconds to import
+    from cli.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
+    from data import Tokenizer, tokenizer_from_meta
+    from model.generate import check_context_length, encode_prompt, stream_text
+    from model.sampling import SamplingParams
+    from training.checkpoint import load_model
+    from training.run_dir import find_checkpoint as resolve_checkpoint
+    from training.runtime import resolve_device
 
 SEPARATOR = "\n---------------\n"
 CLI_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "stop_token"]  # --stop-at-eot

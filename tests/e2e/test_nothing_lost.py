@@ -283,13 +283,16 @@ def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(cor
     assert ckpt.meta["step"] == 10
 
 
-def test_ctrl_c_while_train_py_starts_exits_130_without_a_traceback_or_a_run_dir(tmp_path):
+# Early and late in the imports; train.py's start-up goes on for seconds after them (config, data, model).
+@pytest.mark.parametrize(("entry", "delay_s"), [("train.py", 0.3), ("train.py", 1.2), ("scripts/sample.py", 0.3)])
+def test_ctrl_c_while_an_entry_point_starts_exits_130_without_a_traceback_or_a_run_dir(tmp_path, entry, delay_s):
     out = tmp_path / "run"
-    args = [sys.executable, "train.py", "+debug=tiny", "data.tokenizer=char", f"out_dir={out}", "logger=none"]
+    train_args = ["+debug=tiny", "data.tokenizer=char", f"out_dir={out}", "logger=none"]
+    args = [sys.executable, entry, *(train_args if entry == "train.py" else [str(out), "ROMEO:"])]
     # A shell's child gets Ctrl-C with its default disposition (a test runner's worker may ignore it).
     default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
-    time.sleep(0.5)  # inside the imports: torch alone takes longer
+    time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, "Traceback" in err, out.exists()) == (130, False, False), err[-2000:]
