@@ -284,7 +284,7 @@ def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(cor
 
 
 # Early and late in the imports; train.py's start-up goes on for seconds after them (config, data, model).
-@pytest.mark.parametrize(("entry", "delay_s"), [("train.py", 0.3), ("train.py", 1.2), ("scripts/sample.py", 0.3)])
+@pytest.mark.parametrize(("entry", "delay_s"), [("train.py", 0.3), ("train.py", 0.8), ("scripts/sample.py", 0.3)])
 def test_ctrl_c_while_an_entry_point_starts_exits_130_without_a_traceback_or_a_run_dir(tmp_path, entry, delay_s):
     out = tmp_path / "run"
     train_args = ["+debug=tiny", "data.tokenizer=char", f"out_dir={out}", "logger=none"]
