@@ -28,7 +28,7 @@ def test_peak_is_measured_once_then_cached(tmp_path, monkeypatch):
 
 
 def test_measured_peak_is_a_plausible_rate():
-    peak = mfu_mod.measure_matmul_peak(torch.device("cpu"), "fp32", sizes=(256,), repeats=3)
+    peak = mfu_mod.measure_matmul_peak(torch.device("cpu"), "fp32", shapes=((256, 128, 64),), repeats=3)
     assert 1e8 < peak < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s on any CPU
 
 
