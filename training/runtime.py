@@ -119,7 +119,7 @@ def _sync(device: torch.device) -> None:
 
 
 # (m, k, n) matmuls to take the best of. On CPU a square one alone reads low for bf16: oneDNN's AMX
-# kernels ran a (16384, 512) @ (512, 512) about 1.5x faster (0.9-1.8 against 0.6-0.75 TFLOP/s on a
+# kernels ran a (16384, 512) @ (512, 512) faster (0.9-1.8 against 0.6-0.75 TFLOP/s on a
 # 2-core Xeon), and that tall shape is what a model's linears are (tokens x d_model @ d_model x d_ff).
 PEAK_SHAPES = {"cuda": ((4096, 4096, 4096), (8192, 8192, 8192)), "cpu": ((2048, 2048, 2048), (16384, 512, 512))}
 PEAK_PROBE = 2  # in the cache key: a cached peak from another probe is measured again
