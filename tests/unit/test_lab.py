@@ -156,6 +156,41 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
     assert len("".join(r["text"] for r in records[1:-1])) == 12
 
 
+BAD_PARAMETERS = [  # (path, raw JSON body: 1e400 is JSON for infinity, the start of the error)
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[null, 0]]}', "heads_off layer=None is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[[0], 0]]}', "heads_off layer=[0] is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[1e400, 0]]}', "heads_off layer=inf is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[0.9, 1.9]]}', "heads_off layer=0.9 is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[0, 1.9]]}', "heads_off head=1.9 is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": ["a", 0]}', "heads_off=['a', 0] is invalid; it must be"),
+    ("/api/runs", '{"path": 5}', "path=5 is not text"),
+    ("/api/runs", '{"path": ["a"]}', "path=['a'] is not text"),
+    ("/api/load", '{"path": 5}', "path=5 is not text"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": 1e400}', "max_tokens=inf is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": 1.7}', "max_tokens=1.7 is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": true}', "max_tokens=True is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "temperature": true}', "temperature=True is not a number"),
+    ("/api/attention", '{"prompt": "the king", "layer": 1e400}', "layer=inf is not an integer"),
+    ("/api/attention", '{"prompt": 123}', "prompt=123 is not text"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), BAD_PARAMETERS)
+def test_malformed_parameters_are_a_400_naming_the_parameter(url, path, body, message):
+    status, answer = post(url, path, body.encode())
+    assert status == 400, answer
+    assert json.loads(answer)["error"].startswith(message)
+
+
+def test_integer_parameters_take_integers_or_their_text_and_refuse_the_rest():
+    settings = api.sampling_settings({"max_tokens": "12", "seed": 3, "top_k": "5", "temperature": "0.5"})
+    assert (settings.max_new_tokens, settings.seed, settings.top_k, settings.temperature) == (12, 3, 5, 0.5)
+    assert api.heads_from({"heads_off": [[1, 0], ["0", "1"]]}) == [(1, 0), (0, 1)]
+    for value in (2.0, "2.5", False, [2], {}):
+        with pytest.raises(ValueError, match=r"^max_tokens=.* is not an integer; give a whole number"):
+            api.integer("max_tokens", value)
+
+
 def test_streamed_sample_equals_generate_with_the_same_seed(session):
     idx = session.encode("the king")
     settings = api.sampling_settings({"max_tokens": 20, "seed": 3})
