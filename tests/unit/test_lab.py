@@ -5,6 +5,8 @@ import http.client
 import json
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from analysis.head_mask import gates_without, head_gates
 from data.tokenizer import CharTokenizer
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
-from lab.server import STATIC, make_server, url_of
+from lab.server import MAX_BODY, STATIC, make_server, url_of
 from lab.session import LabSession, resolve_checkpoint
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
@@ -139,6 +141,10 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
         f"({len(CHARS)} characters)"
     }
     assert post(url, "/api/attention", b"{not json")[0] == 400
+    assert post(url, "/api/attention", b"[" * 100_000 + b"]" * 100_000) == (
+        400,
+        b'{"error": "the request body is not JSON"}',
+    ), "nested too deep for the parser (RecursionError) is a bad body too, not a 500"
     assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
         400,
         json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
@@ -189,6 +195,61 @@ def test_integer_parameters_take_integers_or_their_text_and_refuse_the_rest():
     for value in (2.0, "2.5", False, [2], {}):
         with pytest.raises(ValueError, match=r"^max_tokens=.* is not an integer; give a whole number"):
             api.integer("max_tokens", value)
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send `request` as bytes on a fresh connection and read until the server closes it: every byte of
+    every answer it sends (a server that keeps the connection open fails the read's timeout)."""
+    host, port = re.match(r"http://(.+):(\d+)/", url).groups()
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return received
+
+
+NEXT_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\n\r\n"  # bytes that must not be read as a request
+
+
+@pytest.mark.parametrize(
+    ("header", "status", "message"),
+    [
+        ("Content-Length: -1", 400, "Content-Length '-1' is invalid; it must be a byte count"),
+        ("Content-Length: abc", 400, "Content-Length 'abc' is invalid; it must be a byte count"),
+        (
+            f"Content-Length: {MAX_BODY + 1}",
+            413,
+            f"the request has {MAX_BODY + 1} bytes; the lab takes at most {MAX_BODY}",
+        ),
+        (f"Content-Length: {'9' * 5000}", 413, f"the request has {'9' * 5000} bytes; the lab takes at most {MAX_BODY}"),
+        ("Transfer-Encoding: chunked", 411, "send the request body with a Content-Length"),
+    ],
+)
+def test_a_body_the_lab_will_not_read_is_refused_at_once_and_the_connection_closed(url, header, status, message):
+    """Answered without waiting for the body, and nothing after the headers is taken for the next request
+    (before: -1 hung in rfile.read(-1), and the unread body was parsed as a request, a 414)."""
+    head = f"POST /api/attention HTTP/1.1\r\nHost: lab\r\n{header}\r\n\r\n".encode()
+    answer = raw_exchange(url, head + NEXT_REQUEST)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and b"\r\nConnection: close\r\n" in answer, answer
+    assert answer.count(b"HTTP/1.1 ") == 1, "one answer: the bytes after the headers were not parsed"
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": message}
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback(url, capfd):
+    """A client reset (the page closed mid-request) is not an error of the lab: nothing on the terminal."""
+    host, port = re.match(r"http://(.+):(\d+)/", url).groups()
+    for _ in range(3):
+        connection = socket.create_connection((host, int(port)), timeout=10)
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: lab\r\n\r\n")
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        connection.close()
+    # Connections are accepted in order, so once this answer is back the resets' threads have all started.
+    assert post(url, "/api/attention", {"prompt": "the"})[0] == 200, "and the server keeps serving"
+    for thread in threading.enumerate():
+        if "process_request_thread" in thread.name:
+            thread.join(timeout=10)
+    assert capfd.readouterr().err == ""
 
 
 def test_streamed_sample_equals_generate_with_the_same_seed(session):
