@@ -4,7 +4,8 @@ Every problem a user can cause (a prompt outside the vocabulary, a bad setting, 
 is a ValueError or FileNotFoundError with one line, which the server sends as {"error": ...}.
 """
 
-from collections.abc import Iterator
+import reprlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,30 +21,64 @@ from model.sampling import SamplingParams
 MAX_NEW_TOKENS = 2000
 
 
-def optional_number(body: dict, key: str, kind: type, default: Any) -> Any:
-    """body[key] as int/float; missing keeps the default, null or "" means none (no limit; temperature 0)."""
+def shown(value: Any) -> str:
+    """A bad value as an error message quotes it: its repr, cut short (a body may hold a megabyte)."""
+    return reprlib.repr(value)
+
+
+def integer(key: str, value: Any) -> int:
+    """A JSON integer, or the text of one (the page sends its form fields as typed). A bool or a float is
+    refused, not rounded: 1.7, true and 1e400 (infinity) are mistakes, not 1."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{key}={shown(value)} is not an integer; give a whole number such as 3")
+
+
+def number(key: str, value: Any) -> float:
+    """A JSON number, or the text of one; a bool is refused (true is not 1.0). Ranges are the caller's."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{key}={shown(value)} is not a number; give one such as 0.8")
+
+
+def text(body: dict, key: str) -> str:
+    """body[key] as a string ("" when missing): a number or a list there is refused, not turned into text."""
+    value = body.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"{key}={shown(value)} is not text; give it as a JSON string")
+    return value
+
+
+def optional(body: dict, key: str, parse: Callable[[str, Any], Any], default: Any) -> Any:
+    """body[key] read by `parse` (integer or number); missing keeps the default, null or "" means none
+    (no limit; temperature 0)."""
     value = body.get(key, default)
-    if value is None or value == "":
-        return None
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
+    return None if value is None or value == "" else parse(key, value)
 
 
 def sampling_settings(body: dict) -> SamplingParams:
     """temperature, top_k, top_p, seed, max_tokens from a request, checked by SamplingParams itself (the
     rules scripts/sample.py applies)."""
-    temperature = optional_number(body, "temperature", float, 0.8)
-    max_tokens = optional_number(body, "max_tokens", int, 200)
+    temperature = optional(body, "temperature", number, 0.8)
+    max_tokens = optional(body, "max_tokens", integer, 200)
     if max_tokens is None or not 1 <= max_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_tokens={max_tokens} is invalid; it must be 1 to {MAX_NEW_TOKENS}")
-    seed = optional_number(body, "seed", int, 1337)
+    seed = optional(body, "seed", integer, 1337)
     return SamplingParams(
         max_new_tokens=max_tokens,
         temperature=temperature or 0.0,
-        top_k=optional_number(body, "top_k", int, 200),
-        top_p=optional_number(body, "top_p", float, None),
+        top_k=optional(body, "top_k", integer, 200),
+        top_p=optional(body, "top_p", number, None),
         seed=1337 if seed is None else seed,
     )
 
@@ -51,7 +86,7 @@ def sampling_settings(body: dict) -> SamplingParams:
 def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
     """Check the request now (so errors come back as JSON), then stream {"text": ...} records."""
     settings = sampling_settings(body)
-    idx = session.encode(body.get("prompt", ""))
+    idx = session.encode(text(body, "prompt"))
 
     def records() -> Iterator[dict]:
         with session.lock:
@@ -63,8 +98,8 @@ def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
 
 
 def attention(session: LabSession, body: dict) -> dict:
-    idx = session.encode(body.get("prompt", ""))
-    layer = optional_number(body, "layer", int, 0)
+    idx = session.encode(text(body, "prompt"))
+    layer = optional(body, "layer", integer, 0)
     with session.lock:
         weights = attention_layer(session.model, idx, 0 if layer is None else layer)  # (H, T, T)
     return {
@@ -79,8 +114,8 @@ def attention(session: LabSession, body: dict) -> dict:
 def heads_from(body: dict) -> list[tuple[int, int]]:
     heads = body.get("heads_off", [])
     if not isinstance(heads, list) or not all(isinstance(h, list) and len(h) == 2 for h in heads):
-        raise ValueError("heads_off must be a list of [layer, head] pairs")
-    return [(int(layer), int(head)) for layer, head in heads]
+        raise ValueError(f"heads_off={shown(heads)} is invalid; it must be a list of [layer, head] pairs of integers")
+    return [(integer("heads_off layer", layer), integer("heads_off head", head)) for layer, head in heads]
 
 
 def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, settings: SamplingParams) -> dict:
@@ -96,7 +131,7 @@ def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, 
 def intervene(session: LabSession, body: dict) -> dict:
     """The full model and the model with `heads_off` switched off, measured side by side."""
     settings = sampling_settings(body)
-    idx = session.encode(body.get("prompt", ""))
+    idx = session.encode(text(body, "prompt"))
     with session.lock:
         heads = heads_from(body)
         gates = gates_without(session.model, heads)
@@ -107,7 +142,7 @@ def intervene(session: LabSession, body: dict) -> dict:
 
 def importance(session: LabSession, body: dict) -> dict:
     """Each head's importance on this prompt: the loss with that head alone off, minus the full loss."""
-    idx = session.encode(body.get("prompt", ""))
+    idx = session.encode(text(body, "prompt"))
     with session.lock:
         model = session.model
         full = prompt_loss(model, idx)
@@ -120,15 +155,15 @@ def importance(session: LabSession, body: dict) -> dict:
 
 
 def load(session: LabSession, body: dict) -> dict:
-    path = body.get("path")
-    if not isinstance(path, str) or not path.strip():
+    path = text(body, "path")
+    if not path.strip():
         raise ValueError("give a checkpoint file or run directory to load")
     session.load(path.strip())
     return session.info()
 
 
 def run_view(session: LabSession, body: dict) -> dict:
-    path = body.get("path") or (str(session.run_dir) if session.run_dir else "")
+    path = text(body, "path") or (str(session.run_dir) if session.run_dir else "")
     if not path:
         raise ValueError("give a run directory or a sweep directory")
     return runs.view(path)

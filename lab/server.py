@@ -3,6 +3,8 @@
 Standard library only (http.server), so the page works offline and the core install gains nothing.
 Every error is answered as JSON {"error": "one line"}: a problem the user can fix as 400, anything
 else as 500 with the traceback in the server's log, never on the page; the server keeps serving.
+A body it will not read (a bad or too large Content-Length) is refused at once and its connection
+closed; a client that hangs up is no error.
 """
 
 import json
@@ -27,6 +29,15 @@ def error_text(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+class RefusedBody(ValueError):
+    """A request body the lab will not read. Its bytes stay on the connection and are no request, so the
+    answer closes it."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class LabHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # chunked transfer for the streamed sample
     session: LabSession  # set on the subclass make_server builds
@@ -34,11 +45,19 @@ class LabHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ConnectionError:  # the client hung up (closed the page): no one to answer, nothing to report
+            self.close_connection = True
+
     def send_bytes(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", f"{content_type}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -65,13 +84,27 @@ class LabHandler(BaseHTTPRequestHandler):
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
         self.answer(lambda: route(self.session, self.read_body()))
 
+    def body_length(self) -> int:
+        """The Content-Length to read, refused (RefusedBody) unless a byte count of at most MAX_BODY."""
+        declared = self.headers.get("Content-Length") or "0"
+        if "Transfer-Encoding" in self.headers:
+            raise RefusedBody(HTTPStatus.LENGTH_REQUIRED, "send the request body with a Content-Length")
+        if not (declared.isascii() and declared.isdigit()):  # int() would take -1, +5 and 1_0
+            raise RefusedBody(
+                HTTPStatus.BAD_REQUEST, f"Content-Length {declared!r} is invalid; it must be a byte count"
+            )
+        if len(declared) > len(str(MAX_BODY)) or int(declared) > MAX_BODY:  # length first: int() caps digits
+            raise RefusedBody(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"the request has {declared} bytes; the lab takes at most {MAX_BODY}",
+            )
+        return int(declared)
+
     def read_body(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise ValueError(f"the request has {length} bytes; the lab takes at most {MAX_BODY}")
+        length = self.body_length()
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: [[[[... nested
             raise ValueError("the request body is not JSON") from None
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
@@ -81,6 +114,9 @@ class LabHandler(BaseHTTPRequestHandler):
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
         try:
             result = compute()
+        except RefusedBody as e:
+            self.close_connection = True
+            return self.send_json(e.status, {"error": error_text(e)})
         except (ValueError, FileNotFoundError) as e:
             return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
         except Exception as e:

@@ -54,7 +54,7 @@ class LabSession:
 
     def encode(self, prompt: str) -> torch.Tensor:
         """The prompt's token ids (T,) on the model's device; ValueError names unknown characters."""
-        if not isinstance(prompt, str) or not prompt:
+        if not prompt:
             raise ValueError("the prompt is empty; type some text first")
         ids = encode_prompt(self.tokenizer, prompt, self.model.config.vocab_size)
         return torch.tensor(ids, dtype=torch.long, device=self.device)

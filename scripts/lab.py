@@ -6,9 +6,11 @@ A problem the user can fix exits non-zero with one line `error: ...`.
 """
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,6 +26,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="port; 0 = pick a free one (default)")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps (default: cpu)")
     return parser.parse_args(argv)
+
+
+def exit_without_finalizing(status: int) -> NoReturn:
+    """Exit at once, skipping the interpreter's shutdown: a request thread may still be inside torch (a
+    streamed sample), and tearing the process down under it aborts ('terminate called without an active
+    exception', status 134). Nothing else needs closing; the output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         server.server_close()
+    exit_without_finalizing(0)
 
 
 if __name__ == "__main__":

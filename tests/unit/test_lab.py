@@ -1,8 +1,14 @@
 """The lab's server side without a browser: the prompt loss against head_gates, checkpoint resolution,
 the Runs view, and the HTTP API's errors (JSON, one line, and the server keeps answering)."""
 
+import http.client
 import json
 import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -17,19 +23,22 @@ from analysis.head_mask import gates_without, head_gates
 from data.tokenizer import CharTokenizer
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
-from lab.server import STATIC, make_server, url_of
+from lab.server import MAX_BODY, STATIC, make_server, url_of
 from lab.session import LabSession, resolve_checkpoint
 from model import GPT, GPTConfig
+from tests.helpers import ROOT
 from training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CHARS = "\n abcdefghijklmnopqrstuvwxyz"
 
 
-def tiny_checkpoint(path: Path) -> Path:
-    """A random 2-layer, 2-head char model saved with the header fields a real run writes."""
+def tiny_checkpoint(path: Path, **sizes: int) -> Path:
+    """A random char model (2 layers, 2 heads unless `sizes` say otherwise) saved with the header fields
+    a real run writes."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=len(CHARS) + 1, block_size=32, n_layer=2, n_head=2, d_model=32)
+    sizes = {"block_size": 32, "n_layer": 2, "n_head": 2, "d_model": 32} | sizes
+    config = GPTConfig(vocab_size=len(CHARS) + 1, **sizes)
     meta = {"step": 7, "config": {"model": asdict(config), "data": {}}, "tokenizer": CharTokenizer(CHARS).to_meta()}
     return save_checkpoint(path, GPT(config), None, meta)
 
@@ -132,6 +141,10 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
         f"({len(CHARS)} characters)"
     }
     assert post(url, "/api/attention", b"{not json")[0] == 400
+    assert post(url, "/api/attention", b"[" * 100_000 + b"]" * 100_000) == (
+        400,
+        b'{"error": "the request body is not JSON"}',
+    ), "nested too deep for the parser (RecursionError) is a bad body too, not a 500"
     assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
         400,
         json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
@@ -147,6 +160,96 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
     records = [json.loads(line) for line in body.decode().splitlines()]
     assert status == 200 and records[0] == {"prompt_tokens": 8} and records[-1] == {"done": True}
     assert len("".join(r["text"] for r in records[1:-1])) == 12
+
+
+BAD_PARAMETERS = [  # (path, raw JSON body: 1e400 is JSON for infinity, the start of the error)
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[null, 0]]}', "heads_off layer=None is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[[0], 0]]}', "heads_off layer=[0] is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[1e400, 0]]}', "heads_off layer=inf is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[0.9, 1.9]]}', "heads_off layer=0.9 is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": [[0, 1.9]]}', "heads_off head=1.9 is not an integer"),
+    ("/api/intervene", '{"prompt": "the king", "heads_off": ["a", 0]}', "heads_off=['a', 0] is invalid; it must be"),
+    ("/api/runs", '{"path": 5}', "path=5 is not text"),
+    ("/api/runs", '{"path": ["a"]}', "path=['a'] is not text"),
+    ("/api/load", '{"path": 5}', "path=5 is not text"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": 1e400}', "max_tokens=inf is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": 1.7}', "max_tokens=1.7 is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "max_tokens": true}', "max_tokens=True is not an integer"),
+    ("/api/sample", '{"prompt": "the king", "temperature": true}', "temperature=True is not a number"),
+    ("/api/attention", '{"prompt": "the king", "layer": 1e400}', "layer=inf is not an integer"),
+    ("/api/attention", '{"prompt": 123}', "prompt=123 is not text"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), BAD_PARAMETERS)
+def test_malformed_parameters_are_a_400_naming_the_parameter(url, path, body, message):
+    status, answer = post(url, path, body.encode())
+    assert status == 400, answer
+    assert json.loads(answer)["error"].startswith(message)
+
+
+def test_integer_parameters_take_integers_or_their_text_and_refuse_the_rest():
+    settings = api.sampling_settings({"max_tokens": "12", "seed": 3, "top_k": "5", "temperature": "0.5"})
+    assert (settings.max_new_tokens, settings.seed, settings.top_k, settings.temperature) == (12, 3, 5, 0.5)
+    assert api.heads_from({"heads_off": [[1, 0], ["0", "1"]]}) == [(1, 0), (0, 1)]
+    for value in (2.0, "2.5", False, [2], {}):
+        with pytest.raises(ValueError, match=r"^max_tokens=.* is not an integer; give a whole number"):
+            api.integer("max_tokens", value)
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send `request` as bytes on a fresh connection and read until the server closes it: every byte of
+    every answer it sends (a server that keeps the connection open fails the read's timeout)."""
+    host, port = re.match(r"http://(.+):(\d+)/", url).groups()
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return received
+
+
+NEXT_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\n\r\n"  # bytes that must not be read as a request
+
+
+@pytest.mark.parametrize(
+    ("header", "status", "message"),
+    [
+        ("Content-Length: -1", 400, "Content-Length '-1' is invalid; it must be a byte count"),
+        ("Content-Length: abc", 400, "Content-Length 'abc' is invalid; it must be a byte count"),
+        (
+            f"Content-Length: {MAX_BODY + 1}",
+            413,
+            f"the request has {MAX_BODY + 1} bytes; the lab takes at most {MAX_BODY}",
+        ),
+        (f"Content-Length: {'9' * 5000}", 413, f"the request has {'9' * 5000} bytes; the lab takes at most {MAX_BODY}"),
+        ("Transfer-Encoding: chunked", 411, "send the request body with a Content-Length"),
+    ],
+)
+def test_a_body_the_lab_will_not_read_is_refused_at_once_and_the_connection_closed(url, header, status, message):
+    """Answered without waiting for the body, and nothing after the headers is taken for the next request
+    (before: -1 hung in rfile.read(-1), and the unread body was parsed as a request, a 414)."""
+    head = f"POST /api/attention HTTP/1.1\r\nHost: lab\r\n{header}\r\n\r\n".encode()
+    answer = raw_exchange(url, head + NEXT_REQUEST)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and b"\r\nConnection: close\r\n" in answer, answer
+    assert answer.count(b"HTTP/1.1 ") == 1, "one answer: the bytes after the headers were not parsed"
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": message}
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback(url, capfd):
+    """A client reset (the page closed mid-request) is not an error of the lab: nothing on the terminal."""
+    host, port = re.match(r"http://(.+):(\d+)/", url).groups()
+    for _ in range(3):
+        connection = socket.create_connection((host, int(port)), timeout=10)
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: lab\r\n\r\n")
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        connection.close()
+    # Connections are accepted in order, so once this answer is back the resets' threads have all started.
+    assert post(url, "/api/attention", {"prompt": "the"})[0] == 200, "and the server keeps serving"
+    for thread in threading.enumerate():
+        if "process_request_thread" in thread.name:
+            thread.join(timeout=10)
+    assert capfd.readouterr().err == ""
 
 
 def test_streamed_sample_equals_generate_with_the_same_seed(session):
@@ -173,3 +276,32 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path):
         main([str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match=r"^error: --port 99999 is invalid; it must be 0 to 65535"):
         main([str(tmp_path), "--port", "99999"])
+
+
+def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
+    """`scripts/lab.py` stopped by Ctrl-C in the middle of a long sample: exit 0 and nothing on stderr, not
+    a C++ abort ('terminate called without an active exception', 134) from the thread still in torch."""
+    # Wide enough that most of each step is in torch, and 2000 tokens take many seconds: the signal
+    # arrives mid-generation (a 32-wide model let the thread be outside torch half the time).
+    checkpoint = tiny_checkpoint(tmp_path / "wide.safetensors", block_size=128, n_head=4, d_model=512)
+    process = subprocess.Popen(
+        [sys.executable, "scripts/lab.py", str(checkpoint)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", process.stdout.readline()).group(1))
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/api/sample", json.dumps({"prompt": "the king", "max_tokens": 2000}))
+        response = connection.getresponse()
+        assert json.loads(response.readline()) == {"prompt_tokens": 8}
+        for _ in range(5):  # a few tokens out: generation is well under way (right after the first, it
+            assert "text" in json.loads(response.readline())  # did not always abort before the fix)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert (process.returncode, stderr) == (0, "")
