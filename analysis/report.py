@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run
+from analysis.sweep import COMPLETED, Cell, Run, setting
 
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
@@ -109,7 +109,7 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str]) -> str:
         "|---|" + "---:|" * (len(keys) + 1) + "---|---:|---|",
     ]
     for r in bad:
-        values = " | ".join(fmt_value(r.config.get(k)) for k in [*keys, "seed"])
+        values = " | ".join(fmt_value(setting(r.config, k)) for k in [*keys, "seed"])
         last = "—" if r.last_step is None else r.last_step
         lines.append(f"| {r.path.relative_to(root)} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
     return "\n".join(lines)

@@ -25,7 +25,8 @@ UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
 # rest say where a run writes or how it logs. A prefix ending in "." covers a whole group.
 NOT_COMPARED = ("seed", "out_dir", "resume", "overwrite", "progress", "logger.", "data.cache_dir")
 # fairness.mode iso_flop / iso_time replace max_steps with a value derived from the budget (and for
-# iso_time from a measured step time, which differs run to run): an outcome, not a setting.
+# iso_time from a measured step time, which differs run to run): an outcome, not a setting, for those
+# runs only; a fixed run's max_steps beside them is still its own setting (see `setting`).
 DERIVED_MAX_STEPS = ("iso_flop", "iso_time")
 
 
@@ -172,18 +173,25 @@ def find_runs(sweep_dir: str | Path) -> list[Run]:
     return [read_run(d) for d in sorted(dirs)]
 
 
-def compared(key: str, config: dict[str, Any]) -> bool:
-    if key == "max_steps" and config.get("fairness.mode") in DERIVED_MAX_STEPS:
-        return False
+def compared(key: str) -> bool:
     return not any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_COMPARED)
+
+
+def setting(config: dict[str, Any], key: str) -> Any:
+    """The value of `key` that makes a run this experiment: the config's, except an iso run's max_steps,
+    which its mode derives; iso runs of one mode share it, while fixed runs keep their own step counts."""
+    mode = config.get("fairness.mode")
+    if key == "max_steps" and mode in DERIVED_MAX_STEPS:
+        return f"derived by {mode}"
+    return config.get(key)
 
 
 def varying_keys(runs: list[Run]) -> list[str]:
     """The config keys whose values differ across the runs that started (run_info.json), sorted."""
     configs = [r.config for r in runs if r.info is not None]
-    keys = sorted({k for c in configs for k in c})
-    seen = {k: {json.dumps(c.get(k), sort_keys=True, default=str) for c in configs} for k in keys}
-    return [k for k in keys if len(seen[k]) > 1 and all(compared(k, c) for c in configs)]
+    keys = sorted({k for c in configs for k in c if compared(k)})
+    seen = {k: {json.dumps(setting(c, k), sort_keys=True, default=str) for c in configs} for k in keys}
+    return [k for k in keys if len(seen[k]) > 1]
 
 
 def sort_key(values: tuple) -> tuple:
@@ -198,7 +206,7 @@ def group_cells(runs: list[Run], keys: list[str]) -> list[Cell]:
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         if run.status == COMPLETED:
-            groups.setdefault(tuple(run.config.get(k) for k in keys), []).append(run)
+            groups.setdefault(tuple(setting(run.config, k) for k in keys), []).append(run)
     cells = [Cell(dict(zip(keys, v, strict=True)), groups[v]) for v in sorted(groups, key=sort_key)]
     for cell in cells:  # two runs of one cell and seed (a rerun left in the sweep) would count once
         seen: dict[Any, Path] = {}

@@ -127,3 +127,28 @@ def test_two_runs_of_one_cell_and_seed_are_refused(tmp_path):
     write_fake_run(tmp_path / "rerun", config(0, "b"), 1.5)
     with pytest.raises(ValueError, match=r"/a and .*/rerun are both all runs with seed 0; keep one of them"):
         write_report(tmp_path, tmp_path / "out")
+
+
+def test_fixed_runs_of_different_max_steps_stay_apart_beside_an_iso_sweep(tmp_path):
+    # max_steps is derived (not a setting) only for the iso runs; a (10) and b (40) are two configs
+    runs = {"a": (10, 0, "fixed_d_model"), "b": (40, 1, "fixed_d_model"), "c": (33, 0, "iso_flop")}
+    for name, (steps, seed, mode) in runs.items():
+        cfg = {**config(seed, name), "max_steps": steps, "fairness": {"mode": mode}}
+        write_fake_run(tmp_path / name, cfg, 2.0 + seed)
+    found = find_runs(tmp_path)
+    assert varying_keys(found) == ["fairness.mode", "max_steps"]
+    cells = group_cells(found, varying_keys(found))
+    assert [(c.values["max_steps"], [r.path.name for r in c.runs]) for c in cells] == [
+        (10, ["a"]),
+        (40, ["b"]),
+        ("derived by iso_flop", ["c"]),
+    ]
+
+
+def test_iso_runs_of_one_mode_differ_in_max_steps_only_as_an_outcome(tmp_path):
+    for seed, steps in enumerate((31, 35)):  # iso_time: each run measured its own step time
+        cfg = {**config(seed, f"o{seed}"), "max_steps": steps, "fairness": {"mode": "iso_time"}}
+        write_fake_run(tmp_path / f"s{seed}", cfg, 2.0 + seed)
+    found = find_runs(tmp_path)
+    assert varying_keys(found) == []
+    assert [sorted(c.metric("val/loss")) for c in group_cells(found, [])] == [[0, 1]]
