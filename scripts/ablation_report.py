@@ -7,7 +7,8 @@ Rows are the cells of every config key that differs across the runs (seeds aggre
 t-intervals and paired differences against the reference cell (default: the first row). Writes
 `ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
 (and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory); --paper
-adds the published results beside ours, with a verdict per claim. Runs that crashed, never started or
+adds the published results beside ours, with a verdict per claim, for a sweep over the paper's keys
+and no other (see --help). Runs that crashed, never started or
 whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 """
 
@@ -77,7 +78,12 @@ def main() -> None:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
-    parser.add_argument("--paper", default=None, help=f"put a paper's results beside ours: {', '.join(PAPERS)}")
+    needs = "; ".join(f"{name}: {' x '.join(keys)}" for name, (_, keys, _) in PAPERS.items())
+    paper_help = (
+        f"put a paper's results beside ours. The sweep must vary exactly the paper's keys ({needs}); one that "
+        "lacks them or also varies another key is refused, naming it (report a folder with one value of it)"
+    )
+    parser.add_argument("--paper", default=None, help=paper_help)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
