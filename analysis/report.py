@@ -103,7 +103,7 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str]) -> str:
     if not bad:
         return f"All {len(runs)} runs completed."
     lines = [
-        f"{len(bad)} of {len(runs)} runs did not complete (not in the table above):",
+        f"{len(bad)} of {len(runs)} runs did not complete with a finite val/loss (not in the table above):",
         "",
         "| run | " + " | ".join([*keys, "seed"]) + " | status | last logged step | error |",
         "|---|" + "---:|" * (len(keys) + 1) + "---|---:|---|",

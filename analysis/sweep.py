@@ -3,13 +3,15 @@
 Each run directory holds `run_info.json` (written when training starts), `summary.json` (when it
 ends) and `metrics.jsonl`; Hydra adds `.hydra/` and `train.log`. A run that has no summary is
 reported as crashed (or still running), one that never wrote run_info as failed at start-up, one
-whose records are cut short as unreadable, so no run silently drops out of a table.
+whose records are cut short as unreadable, one whose final val/loss is NaN or inf as non-finite, so
+no run silently drops out of a table.
 
 The cells are keyed by every config value that differs across the runs (derived from the configs,
 not listed by hand), so a sweep over any key, not only n_head and d_k, gets one row per value.
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from training.run_files import METRICS, RUN_INFO, SUMMARY
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
+NONFINITE = "completed with a non-finite val/loss"  # a NaN or inf is no result: no mean or interval holds it
 
 # Keys that never make two runs different experiments: the seed is what a cell aggregates over; the
 # rest say where a run writes or how it logs. A prefix ending in "." covers a whole group.
@@ -129,9 +132,15 @@ def hydra_config(run_dir: Path) -> dict[str, Any]:
     return flatten(tree) if isinstance(tree, dict) else {}
 
 
-def run_status(info: dict | None, summary: dict | None, final_loss: float | None) -> str:
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_status(info: dict | None, summary: dict | None, final_loss: Any) -> str:
     if summary is not None and summary.get("status") == COMPLETED:
-        return COMPLETED if final_loss is not None else NO_VAL_LOSS
+        if final_loss is None:
+            return NO_VAL_LOSS
+        return COMPLETED if is_finite_number(final_loss) else NONFINITE
     return CRASHED if info is not None else FAILED_AT_START
 
 
@@ -155,7 +164,9 @@ def read_run(run_dir: Path) -> Run:
     run = Run(run_dir, "", config, config.get("seed"), info, summary, curve, last_step, logged_final=logged)
     run.status = UNREADABLE if broken else run_status(info, summary, run.final("val/loss"))
     run.error = "; ".join(broken) if broken else None
-    if run.status not in (COMPLETED, UNREADABLE):
+    if run.status == NONFINITE:
+        run.error = f"final val/loss is {run.final('val/loss')}"
+    elif run.status not in (COMPLETED, UNREADABLE):
         run.error = last_error(run_dir / "train.log")
     return run
 

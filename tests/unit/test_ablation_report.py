@@ -11,6 +11,7 @@ from analysis.sweep import (
     CRASHED,
     FAILED_AT_START,
     NO_VAL_LOSS,
+    NONFINITE,
     UNREADABLE,
     find_runs,
     group_cells,
@@ -152,3 +153,16 @@ def test_iso_runs_of_one_mode_differ_in_max_steps_only_as_an_outcome(tmp_path):
     found = find_runs(tmp_path)
     assert varying_keys(found) == []
     assert [sorted(c.metric("val/loss")) for c in group_cells(found, [])] == [[0, 1]]
+
+
+def test_a_run_that_ended_with_a_nan_val_loss_is_listed_and_kept_out_of_the_means(tmp_path):
+    lr_sweep(tmp_path)
+    nan = write_fake_run(tmp_path / "nan", config(3, "n", lr=1e-3), 1.0)
+    summary = {"status": COMPLETED, "step": 20, "val/loss": float("nan"), "val/bpb": float("nan")}
+    (nan / "summary.json").write_text(json.dumps(summary))  # json writes the NaN literal, as the trainer's would
+    runs = {r.path.name: r.status for r in find_runs(tmp_path)}
+    assert runs["nan"] == NONFINITE
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| 2.5000 [1.2579, 3.7421] | reference |" in report  # seeds 0-2 only, as without the NaN run
+    assert f"| nan | 0.001 | 3 | {NONFINITE} | 10 | final val/loss is nan |" in report
+    assert "1 of 7 runs did not complete with a finite val/loss (not in the table above)" in report
