@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
-from analysis.sweep import COMPLETED, find_runs, group_cells, varying_keys
+from analysis.sweep import COMPLETED, find_runs, group_cells, planned_jobs, varying_keys
 
 log = logging.getLogger("ablation_report")
 
@@ -67,7 +67,7 @@ def write_report(
             ).name
         plots["validation loss curves"] = plot_val_curves(cells, runs, out_dir / "val_loss_curves.png").name
     report = out_dir / "ablation.md"
-    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published))
+    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, planned_jobs(sweep_dir)))
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report

@@ -166,3 +166,52 @@ def test_a_run_that_ended_with_a_nan_val_loss_is_listed_and_kept_out_of_the_mean
     assert "| 2.5000 [1.2579, 3.7421] | reference |" in report  # seeds 0-2 only, as without the NaN run
     assert f"| nan | 0.001 | 3 | {NONFINITE} | 10 | final val/loss is nan |" in report
     assert "1 of 7 runs did not complete with a finite val/loss (not in the table above)" in report
+
+
+def failed_job(job: Path, n_head: int, seed: int) -> Path:
+    """A Hydra job that failed before training: .hydra/ as Hydra wrote it, the error in train.log."""
+    (job / ".hydra").mkdir(parents=True)
+    model = f"model:\n  vocab_size: null\n  n_head: {n_head}\n  d_k: null\n"  # vocab_size unresolved
+    (job / ".hydra" / "config.yaml").write_text(f"{model}optim:\n  lr: 0.001\nseed: {seed}\n")
+    (job / ".hydra" / "overrides.yaml").write_text(f"- +debug=tiny\n- model.n_head={n_head}\n- seed={seed}\n")
+    error = "[2026-01-01 00:00:00,000][train][ERROR] - model.d_model (32) must be divisible by model.n_head (3)\n"
+    (job / "train.log").write_text(error)
+    return job
+
+
+def write_multirun_plan(root: Path, *task: str) -> None:
+    """The sweep's multirun.yaml as Hydra writes it, reduced to the command line's overrides."""
+    lines = "".join(f"    - {t}\n" for t in task)
+    (root / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n    params: null\n  overrides:\n    task:\n{lines}")
+
+
+def test_a_failed_jobs_swept_value_comes_from_its_hydra_overrides(tmp_path):
+    # train.py -m +debug=tiny model.n_head=1,3 seed=0,1: the n_head=3 jobs fail before training
+    for seed in (0, 1):
+        cfg = {**config(seed, f"o{seed}", n_head=1, d_k=None), "model": {"vocab_size": 65, "n_head": 1, "d_k": None}}
+        write_fake_run(tmp_path / str(seed), cfg, 2.0 + seed / 10, n_head=1, d_k=32)
+        failed_job(tmp_path / str(2 + seed), 3, seed)
+    write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
+    runs = find_runs(tmp_path)
+    assert varying_keys(runs) == ["model.n_head"]  # not model.vocab_size, which Hydra leaves unresolved
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "Swept keys (every config value that differs across the runs): model.n_head." in report
+    assert f"| 2 | 3 | 0 | {FAILED_AT_START} | — | model.d_model (32) must be divisible" in report
+    assert "never started" not in report
+
+
+def test_jobs_a_killed_sweep_never_started_are_counted_from_its_plan(tmp_path):
+    write_fake_run(tmp_path / "0", config(0, "o0"), 2.0)
+    write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "All 1 runs completed." in report
+    assert "multirun.yaml plans 4 jobs and 1 has a job directory: 3 never started" in report
+
+
+def test_a_plan_from_the_sweepers_params_counts_the_recipes_jobs(tmp_path):
+    write_fake_run(tmp_path / "h1_s0", config(0, "o0"), 2.0)
+    params = "    params:\n      model.n_head: 1,2,4\n      seed: 1337,1338\n"
+    task = "  overrides:\n    task:\n    - +experiment=x\n"
+    (tmp_path / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n{params}{task}")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "multirun.yaml plans 6 jobs and 1 has a job directory: 5 never started" in report
