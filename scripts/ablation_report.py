@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from analysis.outputs import check_out_dir
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
@@ -45,8 +46,7 @@ def write_report(
     out_dir = Path(out_dir or sweep_dir)
     # Everything is read and checked before the first file is written.
     runs = find_runs(sweep_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileNotFoundError(f"--out {str(out_dir)!r} is a file; give a directory")
+    check_out_dir(out_dir)
     keys = varying_keys(runs)
     cells = group_cells(runs, keys)
     ref = choose_reference(cells, parse_reference(reference))

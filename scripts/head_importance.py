@@ -32,6 +32,7 @@ from analysis.head_importance import (
     single_head_effects,
     uniform_entropy,
 )
+from analysis.outputs import check_out_dir
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
@@ -196,8 +197,7 @@ def markdown(results: dict) -> str:
 def write_head_importance(target: Path, out: Path, tokens: int, device: str, text: Path | None = None) -> Path:
     if tokens < 1:
         raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
-    if out.exists() and not out.is_dir():
-        raise FileNotFoundError(f"--out {str(out)!r} is a file; give a directory")
+    check_out_dir(out)
     results = analyse(find_checkpoint(target), tokens, device, text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "head_importance.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -34,3 +34,11 @@ def test_a_paper_whose_key_the_sweep_lacks_is_one_line(tmp_path):
     sweep = head_sweep(tmp_path)
     message = r"--paper vaswani_b needs a sweep over model.d_k; this sweep varies model.n_head$"
     assert_one_error_line(tmp_path, ["scripts/ablation_report.py", str(sweep), "--paper", "vaswani_b"], message)
+
+
+def test_an_out_directory_under_a_regular_file_is_one_line(tmp_path):
+    sweep = head_sweep(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    message = r"--out 'afile/sub' cannot be written: 'afile' is a file, not a directory"
+    assert_one_error_line(tmp_path, ["scripts/ablation_report.py", str(sweep), "--out", "afile/sub"], message)
+    assert_one_error_line(tmp_path, ["scripts/head_importance.py", "nowhere", "--out", "afile/sub"], message)
