@@ -134,21 +134,43 @@ def gqa(cells: list[Cell]) -> tuple[list[str], list[str]]:
 
 
 Builder = Callable[[list[Cell]], tuple[list[str], list[str]]]  # cells -> (intro lines, claim rows)
-PAPERS: dict[str, tuple[str, Builder]] = {
-    "vaswani_a": ("Vaswani et al. 2017, Table 3 (A): heads at d_k = d_model / h", vaswani_a),
-    "vaswani_b": ("Vaswani et al. 2017, Table 3 (B): smaller d_k at fixed heads", vaswani_b),
-    "bhojanapalli": ("Bhojanapalli et al. 2020: fixed head size vs the d_model / h split", bhojanapalli),
-    "gqa": ("Shazeer 2019 / Ainslie et al. 2023: fewer key/value heads", gqa),
+# name -> (title, the keys its cells differ in, builder)
+PAPERS: dict[str, tuple[str, tuple[str, ...], Builder]] = {
+    "vaswani_a": ("Vaswani et al. 2017, Table 3 (A): heads at d_k = d_model / h", ("model.n_head",), vaswani_a),
+    "vaswani_b": ("Vaswani et al. 2017, Table 3 (B): smaller d_k at fixed heads", ("model.d_k",), vaswani_b),
+    "bhojanapalli": (
+        "Bhojanapalli et al. 2020: fixed head size vs the d_model / h split",
+        ("model.n_head", "model.d_k"),
+        bhojanapalli,
+    ),
+    "gqa": ("Shazeer 2019 / Ainslie et al. 2023: fewer key/value heads", ("model.n_kv_head",), gqa),
 }
 
 
+def check_swept_keys(name: str, needed: tuple[str, ...], swept: list[str]) -> None:
+    """The paper's cells differ in `needed` and nothing else: a missing key has nothing to compare, and an
+    extra one would make a claim pick one cell per value of the paper's key, hiding the rest."""
+    varies = f"this sweep varies {', '.join(swept) or 'nothing'}"
+    missing = [k for k in needed if k not in swept]
+    if missing:
+        raise ValueError(f"--paper {name} needs a sweep over {' and '.join(missing)}; {varies}")
+    extra = [k for k in swept if k not in needed]
+    if extra:
+        raise ValueError(
+            f"--paper {name} compares cells that differ only in {' and '.join(needed)}; this sweep also varies "
+            f"{', '.join(extra)}: report a folder holding one value of {'/'.join(extra)}, or leave out --paper"
+        )
+
+
 def paper_section(name: str, cells: list[Cell]) -> str:
-    """The paper's results beside ours, with a verdict per claim; ValueError for an unknown name."""
+    """The paper's results beside ours, with a verdict per claim; ValueError for an unknown name or a
+    sweep whose swept keys are not the paper's."""
     if name not in PAPERS:
         raise ValueError(f"--paper {name!r} is unknown; choose one of: {', '.join(PAPERS)}")
-    title, build = PAPERS[name]
+    title, needed, build = PAPERS[name]
     if not by_loss(cells):
         return f"## {title}\n\nNo completed cell to compare.\n"
+    check_swept_keys(name, needed, list(cells[0].values))
     intro, claims = build(cells)
     header = ["| claim (from the paper) | ours: loss difference, nats [95% CI] | verdict |", "|---|---|---|"]
     return "\n".join([f"## {title}", "", *intro, "", *header, *claims]) + "\n"

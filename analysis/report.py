@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run
+from analysis.sweep import COMPLETED, Cell, Run, setting
 
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
@@ -98,27 +98,47 @@ def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]
     return out
 
 
-def unfinished_table(runs: list[Run], root: Path, keys: list[str]) -> str:
+def never_started(runs: list[Run], planned: int | None) -> list[str]:
+    """A sentence for the jobs the sweep's plan names that have no directory (a sweep stopped early)."""
+    if planned is None or planned <= len(runs):
+        return []
+    have = "has" if len(runs) == 1 else "have"
+    return [
+        f"multirun.yaml plans {planned} jobs and {len(runs)} {have} a job directory: {planned - len(runs)} "
+        "never started (the sweep was stopped, or is still running)."
+    ]
+
+
+def unfinished_table(runs: list[Run], root: Path, keys: list[str], planned: int | None = None) -> str:
+    """Every run not in the table, and the planned jobs that never started (`planned`: multirun.yaml's count)."""
     bad = [r for r in runs if r.status != COMPLETED]
     if not bad:
-        return f"All {len(runs)} runs completed."
+        return "\n\n".join([f"All {len(runs)} runs completed.", *never_started(runs, planned)])
     lines = [
-        f"{len(bad)} of {len(runs)} runs did not complete (not in the table above):",
+        *[line for sentence in never_started(runs, planned) for line in (sentence, "")],
+        f"{len(bad)} of {len(runs)} runs did not complete with a finite val/loss (not in the table above):",
         "",
         "| run | " + " | ".join([*keys, "seed"]) + " | status | last logged step | error |",
         "|---|" + "---:|" * (len(keys) + 1) + "---|---:|---|",
     ]
     for r in bad:
-        values = " | ".join(fmt_value(r.config.get(k)) for k in [*keys, "seed"])
+        values = " | ".join(fmt_value(setting(r.config, k)) for k in [*keys, "seed"])
         last = "—" if r.last_step is None else r.last_step
         lines.append(f"| {r.path.relative_to(root)} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
     return "\n".join(lines)
 
 
 def markdown_report(
-    root: Path, runs: list[Run], cells: list[Cell], reference: Cell | None, plots: dict[str, str], paper: str = ""
+    root: Path,
+    runs: list[Run],
+    cells: list[Cell],
+    reference: Cell | None,
+    plots: dict[str, str],
+    paper: str = "",
+    planned: int | None = None,
 ) -> str:
-    """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section."""
+    """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section;
+    `planned` the jobs multirun.yaml plans (None: no plan read)."""
     keys = list(cells[0].values) if cells else []
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
@@ -138,7 +158,7 @@ def markdown_report(
         *comparison_sentences(cells, reference),
         "",
         *([paper] if paper else []),
-        unfinished_table(runs, root, keys),
+        unfinished_table(runs, root, keys, planned),
     ]
     for caption, path in plots.items():
         parts += ["", f"![{caption}]({path})"]

@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+from analysis.outputs import file_above
 from training.run_files import METRICS
 
 ELAPSED = "time/elapsed_s"
@@ -32,9 +33,9 @@ def image_path(out: Path, flag: str = "--out") -> Path:
     cannot be written (a directory, a path under a file, a format matplotlib does not write)."""
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path such as {str(out / 'plot.png')!r}")
-    parent = next((p for p in out.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"{flag} {str(out)!r} cannot be written: {str(parent)!r} is a file, not a directory")
+    above = file_above(out)
+    if above is not None:
+        raise ValueError(f"{flag} {str(out)!r} cannot be written: {str(above)!r} is a file, not a directory")
     if not out.suffix:
         return out.with_name(out.name + ".png")
     formats = FigureCanvasAgg.get_supported_filetypes()

@@ -3,29 +3,37 @@
 Each run directory holds `run_info.json` (written when training starts), `summary.json` (when it
 ends) and `metrics.jsonl`; Hydra adds `.hydra/` and `train.log`. A run that has no summary is
 reported as crashed (or still running), one that never wrote run_info as failed at start-up, one
-whose records are cut short as unreadable, so no run silently drops out of a table.
+whose records are cut short as unreadable, one whose final val/loss is NaN or inf as non-finite, so
+no run silently drops out of a table.
 
 The cells are keyed by every config value that differs across the runs (derived from the configs,
 not listed by hand), so a sweep over any key, not only n_head and d_k, gets one row per value.
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from training.run_files import METRICS, RUN_INFO, SUMMARY
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
+NONFINITE = "completed with a non-finite val/loss"  # a NaN or inf is no result: no mean or interval holds it
 
 # Keys that never make two runs different experiments: the seed is what a cell aggregates over; the
 # rest say where a run writes or how it logs. A prefix ending in "." covers a whole group.
 NOT_COMPARED = ("seed", "out_dir", "resume", "overwrite", "progress", "logger.", "data.cache_dir")
 # fairness.mode iso_flop / iso_time replace max_steps with a value derived from the budget (and for
-# iso_time from a measured step time, which differs run to run): an outcome, not a setting.
+# iso_time from a measured step time, which differs run to run): an outcome, not a setting, for those
+# runs only; a fixed run's max_steps beside them is still its own setting (see `setting`).
 DERIVED_MAX_STEPS = ("iso_flop", "iso_time")
 
 
@@ -41,6 +49,7 @@ class Run:
     last_step: int | None = None
     error: str | None = None
     logged_final: dict[str, float] = field(default_factory=dict)  # every value logged at the summary's step
+    overridden: set[str] = field(default_factory=set)  # keys its command line set; read for runs that never started
 
     def final(self, metric: str) -> float | None:
         """A completed run's final `metric`: from summary.json, else the last logged value at its last step."""
@@ -128,9 +137,63 @@ def hydra_config(run_dir: Path) -> dict[str, Any]:
     return flatten(tree) if isinstance(tree, dict) else {}
 
 
-def run_status(info: dict | None, summary: dict | None, final_loss: float | None) -> str:
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_overrides(lines: list[str]) -> list:
+    """Hydra's own reading of command-line overrides; ValueError for text Hydra cannot parse."""
+    try:
+        return OverridesParser.create().parse_overrides([str(line) for line in lines])
+    except HydraException as e:
+        raise ValueError(str(e)) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file as plain Python, None if absent or not YAML OmegaConf reads."""
+    if not path.is_file():
+        return None
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (OmegaConfBaseException, ValueError, UnicodeDecodeError):
+        return None
+
+
+def hydra_overridden_keys(run_dir: Path) -> set[str]:
+    """The config keys a Hydra job's command line set (.hydra/overrides.yaml); group choices such as
+    +debug=tiny name no config value and drop out where the config has no such key."""
+    lines = read_yaml(run_dir / ".hydra" / "overrides.yaml")
+    if not isinstance(lines, list):
+        return set()
+    try:
+        return {o.key_or_group for o in parse_overrides(lines)}
+    except ValueError:
+        return set()
+
+
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """How many jobs the sweep's multirun.yaml plans, counted as Hydra's basic sweeper expands them (the
+    recipe's hydra.sweeper.params, then the command line); None where there is no plan this can read."""
+    plan = read_yaml(Path(sweep_dir) / "multirun.yaml")
+    hydra = plan.get("hydra") if isinstance(plan, dict) else None
+    if not isinstance(hydra, dict):
+        return None
+    sweeper = hydra.get("sweeper") or {}
+    if not str(sweeper.get("_target_", "BasicSweeper")).endswith("BasicSweeper"):
+        return None  # another sweeper (optuna, ...) chooses its jobs as it goes
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    task = (hydra.get("overrides") or {}).get("task") or []
+    try:
+        return len(BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0])
+    except (ValueError, HydraException, AttributeError, TypeError):
+        return None
+
+
+def run_status(info: dict | None, summary: dict | None, final_loss: Any) -> str:
     if summary is not None and summary.get("status") == COMPLETED:
-        return COMPLETED if final_loss is not None else NO_VAL_LOSS
+        if final_loss is None:
+            return NO_VAL_LOSS
+        return COMPLETED if is_finite_number(final_loss) else NONFINITE
     return CRASHED if info is not None else FAILED_AT_START
 
 
@@ -153,8 +216,12 @@ def read_run(run_dir: Path) -> Run:
     logged = {k: v for r in records if r.get("step") == (summary or {}).get("step") for k, v in r.items()}
     run = Run(run_dir, "", config, config.get("seed"), info, summary, curve, last_step, logged_final=logged)
     run.status = UNREADABLE if broken else run_status(info, summary, run.final("val/loss"))
+    if info is None:
+        run.overridden = hydra_overridden_keys(run_dir)
     run.error = "; ".join(broken) if broken else None
-    if run.status not in (COMPLETED, UNREADABLE):
+    if run.status == NONFINITE:
+        run.error = f"final val/loss is {run.final('val/loss')}"
+    elif run.status not in (COMPLETED, UNREADABLE):
         run.error = last_error(run_dir / "train.log")
     return run
 
@@ -172,18 +239,34 @@ def find_runs(sweep_dir: str | Path) -> list[Run]:
     return [read_run(d) for d in sorted(dirs)]
 
 
-def compared(key: str, config: dict[str, Any]) -> bool:
-    if key == "max_steps" and config.get("fairness.mode") in DERIVED_MAX_STEPS:
-        return False
+def compared(key: str) -> bool:
     return not any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_COMPARED)
 
 
+def setting(config: dict[str, Any], key: str) -> Any:
+    """The value of `key` that makes a run this experiment: the config's, except an iso run's max_steps,
+    which its mode derives; iso runs of one mode share it, while fixed runs keep their own step counts."""
+    mode = config.get("fairness.mode")
+    if key == "max_steps" and mode in DERIVED_MAX_STEPS:
+        return f"derived by {mode}"
+    return config.get(key)
+
+
+def known_keys(run: Run) -> set[str]:
+    """The keys a run speaks for: all of a started run's resolved config; of a job that never started, only
+    what its command line set (the rest of Hydra's config.yaml is unresolved, e.g. model.vocab_size null)."""
+    return set(run.config) if run.info is not None else run.overridden & set(run.config)
+
+
 def varying_keys(runs: list[Run]) -> list[str]:
-    """The config keys whose values differ across the runs that started (run_info.json), sorted."""
-    configs = [r.config for r in runs if r.info is not None]
-    keys = sorted({k for c in configs for k in c})
-    seen = {k: {json.dumps(c.get(k), sort_keys=True, default=str) for c in configs} for k in keys}
-    return [k for k in keys if len(seen[k]) > 1 and all(compared(k, c) for c in configs)]
+    """The config keys whose values differ across the runs, sorted: a key a started run lacks counts as
+    null there; a job that failed at start counts for the keys its command line set."""
+    keys = sorted({k for r in runs for k in known_keys(r) if compared(k)})
+    seen = {k: set() for k in keys}
+    for run in runs:
+        for k in keys if run.info is not None else known_keys(run) & set(keys):
+            seen[k].add(json.dumps(setting(run.config, k), sort_keys=True, default=str))
+    return [k for k in keys if len(seen[k]) > 1]
 
 
 def sort_key(values: tuple) -> tuple:
@@ -198,7 +281,7 @@ def group_cells(runs: list[Run], keys: list[str]) -> list[Cell]:
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         if run.status == COMPLETED:
-            groups.setdefault(tuple(run.config.get(k) for k in keys), []).append(run)
+            groups.setdefault(tuple(setting(run.config, k) for k in keys), []).append(run)
     cells = [Cell(dict(zip(keys, v, strict=True)), groups[v]) for v in sorted(groups, key=sort_key)]
     for cell in cells:  # two runs of one cell and seed (a rerun left in the sweep) would count once
         seen: dict[Any, Path] = {}

@@ -7,7 +7,8 @@ Rows are the cells of every config key that differs across the runs (seeds aggre
 t-intervals and paired differences against the reference cell (default: the first row). Writes
 `ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
 (and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory); --paper
-adds the published results beside ours, with a verdict per claim. Runs that crashed, never started or
+adds the published results beside ours, with a verdict per claim, for a sweep over the paper's keys
+and no other (see --help). Runs that crashed, never started or
 whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 """
 
@@ -18,10 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from analysis.outputs import check_out_dir
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
-from analysis.sweep import COMPLETED, find_runs, group_cells, varying_keys
+from analysis.sweep import COMPLETED, find_runs, group_cells, planned_jobs, varying_keys
 
 log = logging.getLogger("ablation_report")
 
@@ -44,8 +46,7 @@ def write_report(
     out_dir = Path(out_dir or sweep_dir)
     # Everything is read and checked before the first file is written.
     runs = find_runs(sweep_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileNotFoundError(f"--out {str(out_dir)!r} is a file; give a directory")
+    check_out_dir(out_dir)
     keys = varying_keys(runs)
     cells = group_cells(runs, keys)
     ref = choose_reference(cells, parse_reference(reference))
@@ -66,7 +67,7 @@ def write_report(
             ).name
         plots["validation loss curves"] = plot_val_curves(cells, runs, out_dir / "val_loss_curves.png").name
     report = out_dir / "ablation.md"
-    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published))
+    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, planned_jobs(sweep_dir)))
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report
@@ -77,7 +78,12 @@ def main() -> None:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
-    parser.add_argument("--paper", default=None, help=f"put a paper's results beside ours: {', '.join(PAPERS)}")
+    needs = "; ".join(f"{name}: {' x '.join(keys)}" for name, (_, keys, _) in PAPERS.items())
+    paper_help = (
+        f"put a paper's results beside ours. The sweep must vary exactly the paper's keys ({needs}); one that "
+        "lacks them or also varies another key is refused, naming it (report a folder with one value of it)"
+    )
+    parser.add_argument("--paper", default=None, help=paper_help)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

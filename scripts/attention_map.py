@@ -4,8 +4,8 @@
 
 CHECKPOINT is a checkpoint file or a run directory (its best checkpoint). Row i of a panel is query
 token i's softmax over the keys it sees (columns), from the explicit attention equation; above the
-diagonal is masked (zero). --out without a suffix gets .png; the path written is the one printed. A
-bad input prints one line `error: ...` and writes nothing.
+diagonal is masked (zero). --out without a suffix gets .png; the path written is the one printed; an
+existing file is replaced only with --force. A bad input prints one line `error: ...` and writes nothing.
 """
 
 import argparse
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from analysis.attention import attention_maps, token_label
+from analysis.outputs import check_replaceable
 from analysis.run_plots import image_path
 from cli.schema_help import OneLineParser
 from data.tokenizer import tokenizer_from_meta
@@ -60,9 +61,13 @@ def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str
     return path
 
 
-def write_attention_map(checkpoint: Path, prompt: str, out: Path, cache_dir: str = "", device: str = "cpu") -> Path:
-    """Write the attention maps of `prompt` to an image; returns the path written (see image_path)."""
+def write_attention_map(
+    checkpoint: Path, prompt: str, out: Path, cache_dir: str = "", device: str = "cpu", force: bool = False
+) -> Path:
+    """Write the attention maps of `prompt` to an image (an existing one only with `force`); returns the
+    path written (see image_path)."""
     path = image_path(Path(out))  # refused before the model is loaded
+    check_replaceable(path, force)
     model, ckpt = load_model(resolve_checkpoint(checkpoint), resolve_device(device))
     if not isinstance(ckpt.meta.get("tokenizer"), dict):
         raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
@@ -88,10 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (.png if no suffix)")
     parser.add_argument("--cache-dir", default="", help="data cache (for the gpt2 tokenizer's ranks file)")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
+    parser.add_argument("--force", action="store_true", help="replace the --out image if it exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device)
+        path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device, args.force)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("wrote %s", path)

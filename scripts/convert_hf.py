@@ -15,11 +15,14 @@ a failure leaves the old one. A problem the user can fix exits non-zero with one
 touching nothing.
 """
 
+import json
 import os
 import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
+
+import safetensors
 
 if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,7 +33,7 @@ from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
 from model.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
-from training.checkpoint import load_model, save_checkpoint
+from training.checkpoint import load_model, looks_like_pickle, save_checkpoint
 from training.run_dir import find_checkpoint as resolve_checkpoint
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
@@ -110,9 +113,45 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
     return out_dir
 
 
+def weight_files(hf_dir: Path) -> list[Path]:
+    """model.safetensors, or the shards model.safetensors.index.json names; [] where there are neither."""
+    if (hf_dir / "model.safetensors").is_file():
+        return [hf_dir / "model.safetensors"]
+    index = hf_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    try:
+        shards = json.loads(index.read_text(errors="replace"))["weight_map"].values()
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{str(index)!r} is not a safetensors index (a JSON object with a weight_map)") from None
+    return [hf_dir / name for name in sorted(set(map(str, shards)))]
+
+
+def check_safetensors_header(path: Path) -> None:
+    """Read a weights file's header, as transformers will, so a damaged one is named here in one line."""
+    try:
+        with safetensors.safe_open(str(path), framework="pt"):
+            pass
+    except Exception as e:  # safetensors raises several types for truncated or foreign files
+        with open(path, "rb") as f:
+            if looks_like_pickle(f.read(9)):
+                raise ValueError(
+                    f"{str(path)!r} is a pickle/torch.save file, not safetensors; only safetensors weights are read, "
+                    "never pickles"
+                ) from None
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({msg})") from None
+
+
 def check_safetensors_weights(hf_dir: Path) -> None:
-    """Refuse a directory whose weights are only pickles: transformers would torch.load them."""
-    if (hf_dir / "model.safetensors").is_file() or (hf_dir / "model.safetensors.index.json").is_file():
+    """Refuse a directory whose weights are only pickles (transformers would torch.load them), or whose
+    safetensors weights are damaged."""
+    files = weight_files(hf_dir)
+    if files:
+        for path in files:
+            if not path.is_file():
+                raise FileNotFoundError(f"{str(path)!r}, a shard the safetensors index names, does not exist")
+            check_safetensors_header(path)
         return
     pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
     found = f"it has {', '.join(pickles)}, a pickle" if pickles else "it has no weights"

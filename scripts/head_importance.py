@@ -32,12 +32,14 @@ from analysis.head_importance import (
     single_head_effects,
     uniform_entropy,
 )
+from analysis.outputs import check_out_dir
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
 from data.tokenizer import tokenizer_from_meta
 from training.checkpoint import load_model
 from training.run_dir import find_checkpoint
+from training.runtime import resolve_device
 
 log = logging.getLogger("head_importance")
 WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
@@ -52,13 +54,31 @@ PANELS = {  # key in the results -> heatmap title
 }
 
 
+def check_tokens(tokens: int, block_size: int, text: Path | None) -> None:
+    """--tokens must hold what one measurement is made of: a window of --text, a batch of validation windows
+    (whole batches are measured, so a request between two is rounded up, and the report gives the count)."""
+    unit = "one window" if text is not None else f"one batch of {BATCH_SIZE} windows"
+    least = block_size if text is not None else BATCH_SIZE * block_size
+    if tokens < least:
+        raise ValueError(f"--tokens {tokens} is less than {unit} of block_size {block_size}; give at least {least}")
+
+
+def read_text_file(text: Path) -> str:
+    if not text.is_file():
+        raise FileNotFoundError(f"--text {str(text)!r} does not exist")
+    try:
+        return text.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text {str(text)!r} is not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
+
+
 def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None) -> list[tuple]:
     """Fixed (inputs, targets) batches of about `tokens` tokens: --text's consecutive windows or val windows."""
+    check_tokens(tokens, block_size, text)
     if text is not None:
-        if not text.is_file():
-            raise FileNotFoundError(f"--text {str(text)!r} does not exist")
+        content = read_text_file(text)
         tokenizer = tokenizer_from_meta(ckpt_meta["tokenizer"], ckpt_meta["config"]["data"].get("cache_dir", ""))
-        ids = torch.tensor(tokenizer.encode(text.read_text(encoding="utf-8")))
+        ids = torch.tensor(tokenizer.encode(content))
         n = min(len(ids) - 1, tokens) // block_size
         if n < 1:
             raise ValueError(f"--text {str(text)!r} has {len(ids)} tokens; it needs more than block_size={block_size}")
@@ -69,7 +89,7 @@ def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None
     return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
 
 
-def analyse(checkpoint: Path, tokens: int, device: str, text: Path | None) -> dict:
+def analyse(checkpoint: Path, tokens: int, device: torch.device, text: Path | None) -> dict:
     """Every measurement, as plain lists (layer-major), with what was measured on."""
     model, ckpt = load_model(checkpoint, device)
     c = model.config
@@ -196,9 +216,8 @@ def markdown(results: dict) -> str:
 def write_head_importance(target: Path, out: Path, tokens: int, device: str, text: Path | None = None) -> Path:
     if tokens < 1:
         raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
-    if out.exists() and not out.is_dir():
-        raise FileNotFoundError(f"--out {str(out)!r} is a file; give a directory")
-    results = analyse(find_checkpoint(target), tokens, device, text)
+    check_out_dir(out)
+    results = analyse(find_checkpoint(target), tokens, resolve_device(device), text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "head_importance.json").write_text(json.dumps(results, indent=1) + "\n")
     plot_heatmaps(results, out / "head_heatmaps.png")
@@ -211,8 +230,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", type=Path, help="a .safetensors checkpoint, or a run directory")
     parser.add_argument("--out", type=Path, default=Path("head_importance"), help="directory to write to")
-    parser.add_argument("--tokens", type=int, default=16384, help="validation tokens to measure on")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=16384,
+        help=f"tokens to measure on: validation windows in whole batches of {BATCH_SIZE} (rounded up), or at most "
+        "this many of --text in whole windows; at least one batch (one window with --text)",
+    )
+    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--text", type=Path, default=None, help="measure on this text file instead of val data")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")

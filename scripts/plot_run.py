@@ -3,8 +3,9 @@
     python scripts/plot_run.py outputs/latest                       # -> outputs/latest/plots.png
     python scripts/plot_run.py runs/h4_dk8 runs/h1_dk32 --out compare.png   # overlaid, one colour per run
 
-Reads RUN/metrics.jsonl only (see analysis/run_plots.py); no wandb needed. A bad input prints one
-line `error: ...` and writes nothing.
+Reads RUN/metrics.jsonl only (see analysis/run_plots.py); no wandb needed. An existing image is
+replaced only with --force, except one run's own RUN/plots.png (the default), which the trainer
+redraws too. A bad input prints one line `error: ...` and writes nothing.
 """
 
 import argparse
@@ -14,7 +15,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.run_plots import plot_runs
+from analysis.outputs import check_replaceable
+from analysis.run_plots import image_path, plot_runs
 from cli.schema_help import OneLineParser
 
 
@@ -24,9 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out", type=Path, help="image to write (default: RUN_DIR/plots.png for one run, else plots.png)"
     )
+    parser.add_argument("--force", action="store_true", help="replace the image if it exists")
     args = parser.parse_args(argv)
-    out = args.out or (args.run_dirs[0] / "plots.png" if len(args.run_dirs) == 1 else Path("plots.png"))
+    # One run's own RUN/plots.png is the figure the trainer draws there too: redrawing it loses nothing.
+    own_plot = args.out is None and len(args.run_dirs) == 1
+    out = args.out or (args.run_dirs[0] / "plots.png" if own_plot else Path("plots.png"))
     try:
+        if not own_plot:
+            check_replaceable(image_path(out), args.force)
         path = plot_runs(args.run_dirs, out)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

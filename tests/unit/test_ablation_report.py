@@ -11,6 +11,7 @@ from analysis.sweep import (
     CRASHED,
     FAILED_AT_START,
     NO_VAL_LOSS,
+    NONFINITE,
     UNREADABLE,
     find_runs,
     group_cells,
@@ -127,3 +128,90 @@ def test_two_runs_of_one_cell_and_seed_are_refused(tmp_path):
     write_fake_run(tmp_path / "rerun", config(0, "b"), 1.5)
     with pytest.raises(ValueError, match=r"/a and .*/rerun are both all runs with seed 0; keep one of them"):
         write_report(tmp_path, tmp_path / "out")
+
+
+def test_fixed_runs_of_different_max_steps_stay_apart_beside_an_iso_sweep(tmp_path):
+    # max_steps is derived (not a setting) only for the iso runs; a (10) and b (40) are two configs
+    runs = {"a": (10, 0, "fixed_d_model"), "b": (40, 1, "fixed_d_model"), "c": (33, 0, "iso_flop")}
+    for name, (steps, seed, mode) in runs.items():
+        cfg = {**config(seed, name), "max_steps": steps, "fairness": {"mode": mode}}
+        write_fake_run(tmp_path / name, cfg, 2.0 + seed)
+    found = find_runs(tmp_path)
+    assert varying_keys(found) == ["fairness.mode", "max_steps"]
+    cells = group_cells(found, varying_keys(found))
+    assert [(c.values["max_steps"], [r.path.name for r in c.runs]) for c in cells] == [
+        (10, ["a"]),
+        (40, ["b"]),
+        ("derived by iso_flop", ["c"]),
+    ]
+
+
+def test_iso_runs_of_one_mode_differ_in_max_steps_only_as_an_outcome(tmp_path):
+    for seed, steps in enumerate((31, 35)):  # iso_time: each run measured its own step time
+        cfg = {**config(seed, f"o{seed}"), "max_steps": steps, "fairness": {"mode": "iso_time"}}
+        write_fake_run(tmp_path / f"s{seed}", cfg, 2.0 + seed)
+    found = find_runs(tmp_path)
+    assert varying_keys(found) == []
+    assert [sorted(c.metric("val/loss")) for c in group_cells(found, [])] == [[0, 1]]
+
+
+def test_a_run_that_ended_with_a_nan_val_loss_is_listed_and_kept_out_of_the_means(tmp_path):
+    lr_sweep(tmp_path)
+    nan = write_fake_run(tmp_path / "nan", config(3, "n", lr=1e-3), 1.0)
+    summary = {"status": COMPLETED, "step": 20, "val/loss": float("nan"), "val/bpb": float("nan")}
+    (nan / "summary.json").write_text(json.dumps(summary))  # json writes the NaN literal, as the trainer's would
+    runs = {r.path.name: r.status for r in find_runs(tmp_path)}
+    assert runs["nan"] == NONFINITE
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| 2.5000 [1.2579, 3.7421] | reference |" in report  # seeds 0-2 only, as without the NaN run
+    assert f"| nan | 0.001 | 3 | {NONFINITE} | 10 | final val/loss is nan |" in report
+    assert "1 of 7 runs did not complete with a finite val/loss (not in the table above)" in report
+
+
+def failed_job(job: Path, n_head: int, seed: int) -> Path:
+    """A Hydra job that failed before training: .hydra/ as Hydra wrote it, the error in train.log."""
+    (job / ".hydra").mkdir(parents=True)
+    model = f"model:\n  vocab_size: null\n  n_head: {n_head}\n  d_k: null\n"  # vocab_size unresolved
+    (job / ".hydra" / "config.yaml").write_text(f"{model}optim:\n  lr: 0.001\nseed: {seed}\n")
+    (job / ".hydra" / "overrides.yaml").write_text(f"- +debug=tiny\n- model.n_head={n_head}\n- seed={seed}\n")
+    error = "[2026-01-01 00:00:00,000][train][ERROR] - model.d_model (32) must be divisible by model.n_head (3)\n"
+    (job / "train.log").write_text(error)
+    return job
+
+
+def write_multirun_plan(root: Path, *task: str) -> None:
+    """The sweep's multirun.yaml as Hydra writes it, reduced to the command line's overrides."""
+    lines = "".join(f"    - {t}\n" for t in task)
+    (root / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n    params: null\n  overrides:\n    task:\n{lines}")
+
+
+def test_a_failed_jobs_swept_value_comes_from_its_hydra_overrides(tmp_path):
+    # train.py -m +debug=tiny model.n_head=1,3 seed=0,1: the n_head=3 jobs fail before training
+    for seed in (0, 1):
+        cfg = {**config(seed, f"o{seed}", n_head=1, d_k=None), "model": {"vocab_size": 65, "n_head": 1, "d_k": None}}
+        write_fake_run(tmp_path / str(seed), cfg, 2.0 + seed / 10, n_head=1, d_k=32)
+        failed_job(tmp_path / str(2 + seed), 3, seed)
+    write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
+    runs = find_runs(tmp_path)
+    assert varying_keys(runs) == ["model.n_head"]  # not model.vocab_size, which Hydra leaves unresolved
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "Swept keys (every config value that differs across the runs): model.n_head." in report
+    assert f"| 2 | 3 | 0 | {FAILED_AT_START} | — | model.d_model (32) must be divisible" in report
+    assert "never started" not in report
+
+
+def test_jobs_a_killed_sweep_never_started_are_counted_from_its_plan(tmp_path):
+    write_fake_run(tmp_path / "0", config(0, "o0"), 2.0)
+    write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "All 1 runs completed." in report
+    assert "multirun.yaml plans 4 jobs and 1 has a job directory: 3 never started" in report
+
+
+def test_a_plan_from_the_sweepers_params_counts_the_recipes_jobs(tmp_path):
+    write_fake_run(tmp_path / "h1_s0", config(0, "o0"), 2.0)
+    params = "    params:\n      model.n_head: 1,2,4\n      seed: 1337,1338\n"
+    task = "  overrides:\n    task:\n    - +experiment=x\n"
+    (tmp_path / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n{params}{task}")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "multirun.yaml plans 6 jobs and 1 has a job directory: 5 never started" in report

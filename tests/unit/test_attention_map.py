@@ -165,3 +165,18 @@ def test_script_says_exactly_what_it_wrote(tmp_path, caplog):
     assert written.read_bytes().startswith(b"\x89PNG") and not (tmp_path / "maps" / "attn").exists()
     assert caplog.messages[-1] == f"wrote {written}"
     assert ckpt.is_file()
+
+
+def test_an_existing_image_is_replaced_only_with_force(tmp_path, capsys):
+    from scripts.attention_map import main
+
+    ckpt = char_checkpoint(tmp_path)
+    keep = tmp_path / "keep.png"
+    keep.write_text("precious\n")
+    for out in (keep, tmp_path / "keep"):  # without a suffix it is the same keep.png
+        with pytest.raises(SystemExit) as e:
+            main([str(ckpt), "--prompt", "the king", "--out", str(out)])
+        assert e.value.code == f"error: --out {str(keep)!r} already exists; pass --force to replace it"
+    assert keep.read_text() == "precious\n"
+    main([str(ckpt), "--prompt", "the king", "--out", str(keep), "--force"])
+    assert keep.read_bytes().startswith(b"\x89PNG")

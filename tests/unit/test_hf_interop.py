@@ -322,3 +322,24 @@ def test_import_refuses_pickle_weights_without_unpickling_them(tmp_path, capsys,
         line,
     ), line
     assert not marker.exists() and snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a renamed pickle"])
+def test_import_names_a_damaged_model_safetensors_in_one_line(tmp_path, capsys, monkeypatch, damage):
+    hf_dir = tmp_path / "damaged"
+    random_hf().save_pretrained(hf_dir)
+    weights = hf_dir / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        weights.write_bytes(pickle.dumps(Payload(tmp_path / "unpickled")))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
+    before = snapshot(tmp_path)
+    line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
+    named = {
+        "truncated": r"is not a readable safetensors file \(Error while deserializing header: .+\)",
+        "a renamed pickle": r"is a pickle/torch.save file, not safetensors; only safetensors weights are read, never "
+        r"pickles",
+    }
+    assert re.fullmatch(rf"error: '.*damaged/model.safetensors' {named[damage]}", line), line
+    assert not (tmp_path / "unpickled").exists() and snapshot(tmp_path) == before

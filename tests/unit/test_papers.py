@@ -80,3 +80,26 @@ def test_gqa_puts_kv_cache_bytes_beside_the_loss(tmp_path):
 def test_an_unknown_paper_is_refused():
     with pytest.raises(ValueError, match=r"--paper 'vaswani' is unknown; choose one of: vaswani_a, vaswani_b"):
         paper_section("vaswani", [])
+
+
+@pytest.mark.parametrize(
+    "paper,keys,message",
+    [
+        ("vaswani_b", ("n_head",), r"--paper vaswani_b needs a sweep over model.d_k; this sweep varies model.n_head"),
+        ("bhojanapalli", ("d_k",), r"bhojanapalli needs a sweep over model.n_head; this sweep varies model.d_k"),
+        ("bhojanapalli", ("n_head",), r"needs a sweep over model.d_k; this sweep varies model.n_head"),
+        ("gqa", ("n_head",), r"--paper gqa needs a sweep over model.n_kv_head; this sweep varies model.n_head"),
+    ],
+)
+def test_a_sweep_without_the_papers_key_is_refused_naming_it(tmp_path, paper, keys, message):
+    losses = {(1,): 2.3, (4,): 2.1} if len(keys) == 1 else {}
+    with pytest.raises(ValueError, match=message):
+        paper_section(paper, sweep(tmp_path, losses, keys))
+
+
+def test_a_sweep_over_more_keys_than_the_paper_compares_is_refused_naming_them(tmp_path):
+    losses = {(h, lr): 2.0 + h / 10 + lr for h in (1, 4) for lr in (0.001, 0.01)}
+    cells = sweep(tmp_path, losses, ("n_head", "lr"))  # model.lr stands for any extra swept key
+    extra = r"--paper vaswani_a compares cells that differ only in model.n_head; this sweep also varies model.lr"
+    with pytest.raises(ValueError, match=extra):
+        paper_section("vaswani_a", cells)

@@ -89,3 +89,18 @@ def test_cli_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys, args, m
     assert e.value.code not in (0, None) and len(text.strip().splitlines()) == 1
     assert re.search(message, text.strip()), text
     assert snapshot(tmp_path) == before
+
+
+def test_an_existing_out_is_replaced_only_with_force_but_the_runs_own_plot_is_redrawn(tmp_path, capsys):
+    run = write_run(tmp_path / "run")
+    keep = tmp_path / "plots_keep.png"
+    keep.write_text("precious\n")
+    with pytest.raises(SystemExit) as e:
+        main([str(run), "--out", str(keep)])
+    assert e.value.code == f"error: --out {str(keep)!r} already exists; pass --force to replace it"
+    assert keep.read_text() == "precious\n"
+    main([str(run), "--out", str(keep), "--force"])
+    assert keep.read_bytes().startswith(b"\x89PNG") and capsys.readouterr().out == f"wrote {keep}\n"
+    for _ in range(2):  # RUN/plots.png is the run's own figure (the trainer draws it too): redrawn freely
+        main([str(run)])
+        assert capsys.readouterr().out == f"wrote {run / 'plots.png'}\n"
