@@ -188,7 +188,9 @@ class SweepHint(Callback):
 
 def help_text(config_dir: Path) -> str:
     """`python train.py --help`: the config groups and their options, then every key of the schema with
-    its type, default and meaning, generated from the dataclasses (so it cannot drift from them)."""
+    its type, meaning (from the dataclasses, so it cannot drift from them) and the value the default run
+    gives it (configs/*.yaml composed over the schema, as `--cfg job` shows: budget_s 270, not null)."""
+    from cli.config import default_run_values
     from cli.schema_help import render_help
     from training.config import TrainConfig
 
@@ -199,8 +201,8 @@ def help_text(config_dir: Path) -> str:
         "config groups (GROUP=OPTION; +GROUP=OPTION for experiment and debug):",
         *[f"  {g.name:<12}{', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups],
         "",
-        "keys (KEY=VALUE), with their defaults:",
-        render_help(TrainConfig),
+        "keys (KEY=VALUE), with the default run's values (configs/config.yaml):",
+        render_help(TrainConfig, defaults=default_run_values(config_dir)),
         "",
         "examples:",
         "  python train.py                             # the default model on Shakespeare, a few minutes on a CPU",
