@@ -86,8 +86,20 @@ def composition_error(e: Exception) -> str:
     if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
         return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
     if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option
-        return f"{lines[0]}; {lines[1].lower()} {', '.join(lines[2:])}"
+        return f"{lines[0]}; {lines[1].lower()} {', '.join(group_options(str(e)))}"
     return " ".join(lines)
+
+
+def group_options(message: str) -> list[str]:
+    """The options Hydra lists, one indented line each, under "Available options" (its search path
+    follows, indented the same way, under a heading of its own)."""
+    after = str(message).split("Available options", 1)[1].splitlines()[1:]
+    options = []
+    for line in after:
+        if not line[:1].isspace():
+            break
+        options.append(line.strip())
+    return options
 
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:

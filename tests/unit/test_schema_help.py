@@ -3,7 +3,10 @@
 import dataclasses
 from dataclasses import dataclass, field
 
+import pytest
+
 from cli.schema_help import render_help, schema_fields, show_default
+from tests.helpers import ROOT
 from training.config import TrainConfig
 
 
@@ -79,3 +82,15 @@ def test_train_help_shows_the_default_runs_values_with_the_schemas_meanings():
     assert (shown["budget_s"], shown["max_steps"], shown["optim.optimizer"]) == ("270.0", "null", "'muon'")
     n_kv = lines.index(next(line for line in lines if line.split()[:1] == ["model.n_kv_head"]))
     assert "GQA" in lines[n_kv + 1]  # the meaning is still the dataclass comment
+
+
+def test_an_unknown_group_option_lists_the_groups_options_only():
+    from hydra.errors import MissingConfigException
+
+    from cli.config import compose_configs, composition_error
+
+    with pytest.raises(MissingConfigException) as e:
+        compose_configs(["model=huge"])
+    message = composition_error(e.value)
+    options = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
+    assert message == f"In 'config': Could not find 'model/huge'; available options in 'model': {', '.join(options)}"
