@@ -291,3 +291,13 @@ def test_cli_subprocess_prints_text_as_typed_and_one_line_errors(run_dir, tmp_pa
     bad = call("x", "temperature=nan")
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.splitlines() == ["error: temperature=nan is invalid; it must be finite and >= 0 (0 = greedy)"]
+
+
+@pytest.mark.parametrize("temperature", ["1e-40", "1e-45", "1e-300"])
+def test_a_tiny_temperature_samples_like_greedy_in_the_command_and_the_repl(run_dir, capsys, monkeypatch, temperature):
+    args = [str(run_dir), "ROMEO:", "--max-new-tokens", "8", "--device", "cpu"]
+    greedy = cli(capsys, [*args, "--temperature", "0"])
+    assert greedy[0] == 0, greedy[2]
+    assert cli(capsys, [*args, "--temperature", temperature]) == greedy
+    repl = cli(capsys, [*args[:1], "-i", *args[2:]], f":temperature {temperature}\nROMEO:\n", monkeypatch)
+    assert repl == greedy
