@@ -151,7 +151,8 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
 
 def parse_args(argv: list[str]) -> SampleConfig:
     """The command line -> a SampleConfig whose sampling settings are already validated."""
-    given = vars(build_parser().parse_args(normalize_argv(argv)))
+    # intermixed: positionals may come after options (`RUN --seed 3 "ROMEO:"`, `RUN --temperature 0 -- a=b`)
+    given = vars(build_parser().parse_intermixed_args(normalize_argv(argv)))
     for name in ("checkpoint", "prompt"):
         if f"{name}_pos" not in given:
             continue

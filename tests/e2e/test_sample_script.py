@@ -301,3 +301,12 @@ def test_a_tiny_temperature_samples_like_greedy_in_the_command_and_the_repl(run_
     assert cli(capsys, [*args, "--temperature", temperature]) == greedy
     repl = cli(capsys, [*args[:1], "-i", *args[2:]], f":temperature {temperature}\nROMEO:\n", monkeypatch)
     assert repl == greedy
+
+
+def test_the_positionals_may_come_after_options(run_dir):
+    ckpt = str(run_dir)
+    first = parse_args([ckpt, "ROMEO:", "--max-new-tokens", "3"])
+    assert parse_args([ckpt, "--max-new-tokens", "3", "ROMEO:"]) == first
+    assert parse_args(["--max-new-tokens", "3", ckpt, "ROMEO:"]) == first
+    after_dashes = parse_args([ckpt, "--temperature", "0", "--", "a=b"])  # the README's word=value prompt
+    assert (after_dashes.prompt, after_dashes.sampling.temperature) == ("a=b", 0.0)
