@@ -118,7 +118,9 @@ def bool_word(key: str, text: str) -> bool:
 
 def normalize_argv(argv: Iterable[str]) -> list[str]:
     """Map the spellings users try onto the flags: `key=value` (the Hydra style this script had),
-    `+key=value`, `--key_name`. Words after `--` are left alone (prompts that look like options)."""
+    `+key=value`, `--key_name`. Left alone: words after `--` (prompts that look like options), the word
+    after a flag that takes a value (`--prompt x=1` is that prompt), and an existing path (a run
+    directory named `lr=3`)."""
     fields = {d.name: d for d in cli_fields()}
     out: list[str] = []
     words = list(argv)
@@ -126,6 +128,9 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
         if word == "--":
             out += words[n:]
             break
+        if n > 0 and takes_value(words[n - 1], fields):
+            out.append(word)
+            continue
         if word.startswith("--") and "_" in word.split("=")[0]:
             key, eq, value = word.partition("=")
             out.append(key.replace("_", "-") + eq + value)
@@ -135,6 +140,9 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
             out.append(word)
             continue
         key, value = match.groups()
+        if key not in fields and is_existing_path(word):
+            out.append(word)
+            continue
         if key not in fields:
             hint = difflib.get_close_matches(key, fields, n=1)
             suggestion = f" (did you mean {hint[0]}?)" if hint else ""
@@ -147,6 +155,26 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
         else:
             out.append(f"{flag}={value}")
     return out
+
+
+def takes_value(word: str, fields: dict[str, FieldDoc]) -> bool:
+    """Whether `word` is a flag whose value is the next word: `--prompt`, `--max_new_tokens`, or an
+    abbreviation argparse accepts (`--prompt-f`), not `--stream` nor `--seed=3`."""
+    if not word.startswith("--") or "=" in word:
+        return False
+    flags = {"--" + name.replace("_", "-"): doc.type != "bool" for name, doc in fields.items()}
+    flag = word.replace("_", "-")
+    if flag in flags:
+        return flags[flag]
+    matches = [takes for name, takes in flags.items() if name.startswith(flag)]
+    return bool(matches) and all(matches)
+
+
+def is_existing_path(word: str) -> bool:
+    try:
+        return Path(word).exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def parse_args(argv: list[str]) -> SampleConfig:

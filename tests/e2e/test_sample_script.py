@@ -310,3 +310,24 @@ def test_the_positionals_may_come_after_options(run_dir):
     assert parse_args(["--max-new-tokens", "3", ckpt, "ROMEO:"]) == first
     after_dashes = parse_args([ckpt, "--temperature", "0", "--", "a=b"])  # the README's word=value prompt
     assert (after_dashes.prompt, after_dashes.sampling.temperature) == ("a=b", 0.0)
+
+
+def test_the_word_after_a_flag_that_takes_a_value_is_that_value(run_dir, tmp_path, monkeypatch):
+    ckpt = str(run_dir)
+    assert parse_args([ckpt, "--prompt", "x=1"]).prompt == "x=1"
+    assert parse_args([ckpt, "--prompt", "temperature=2"]).sampling.temperature == SamplingParams().temperature
+    assert parse_args([ckpt, "--prompt-file", "k=v.txt"]).prompt_file == "k=v.txt"
+    assert parse_args([ckpt, "--prompt_file", "k=v.txt"]).prompt_file == "k=v.txt"
+    assert parse_args([ckpt, "--prompt-f", "k=v.txt"]).prompt_file == "k=v.txt"  # argparse's abbreviation
+    assert parse_args(["--checkpoint", "lr=3"]).checkpoint == "lr=3"
+    assert parse_args([ckpt, "--stream", "seed=4"]).sampling.seed == 4  # --stream takes none: key=value
+
+
+def test_a_relative_run_directory_named_like_key_value_is_a_path(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.symlink(run_dir, tmp_path / "lr=3")
+    assert parse_args(["lr=3", "ROMEO:"]).checkpoint == "lr=3"
+    code, out, err = cli(capsys, ["lr=3", "ROMEO:", "--max-new-tokens", "3", "--device", "cpu"])
+    assert code == 0 and out.startswith("ROMEO:"), err
+    with pytest.raises(ValueError, match="unknown option 'lr'"):  # no such path: still the old spelling
+        parse_args(["lr=4", "ROMEO:"])
