@@ -188,8 +188,19 @@ def parse_args(argv: list[str]) -> SampleConfig:
         if name in given and positional != given[name]:
             raise ValueError(f"{name} is given twice ({positional!r} and --{name} {given[name]!r}); give it once")
         given[name] = positional
+    refuse_conflicting_prompts(given)
     sampling = SamplingParams(**{k: given.pop(k) for k in CLI_SAMPLING_FIELDS if k in given})
     return SampleConfig(**given, sampling=sampling)
+
+
+def refuse_conflicting_prompts(given: dict[str, object]) -> None:
+    """One source of prompts: PROMPT (or --prompt), --prompt-file, or -i's stdin; never one silently dropped."""
+    sources = {"PROMPT": given.get("prompt"), "--prompt-file": given.get("prompt_file")}
+    named = [f"{source} {value!r}" for source, value in sources.items() if value is not None]
+    if given.get("interactive") and named:
+        raise ValueError(f"-i reads its prompts from stdin, so {named[0]} would be ignored; give one or the other")
+    if len(named) > 1:
+        raise ValueError(f"the prompt is given twice ({' and '.join(named)}); give one")
 
 
 # --- loading and sampling ---

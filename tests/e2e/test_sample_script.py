@@ -129,7 +129,6 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "seed=7",
         "context_length=16",
         "top_k=null",
-        f"prompt_file={tmp_path}",
     ]
     flag_words = [ckpt, "ROMEO:", "--temperature", "0", "--max-new-tokens", "200", "--stream", "--num-samples", "3"]
     flag_words += [
@@ -140,8 +139,6 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "16",
         "--top-k",
         "none",
-        "--prompt-file",
-        str(tmp_path),
     ]
     mixed_words = [
         "--checkpoint",
@@ -154,12 +151,17 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "stream=yes",
     ]
     mixed_words += ["--num_samples=3", "+top_p=0.9", "seed=7", "--context_length", "16", "top_k=none"]
-    mixed_words += ["--prompt_file", str(tmp_path)]
     hydra_style, flags, mixed = parse_args(hydra_words), parse_args(flag_words), parse_args(mixed_words)
     assert hydra_style == flags == mixed
     assert hydra_style.sampling == SamplingParams(200, 0.0, None, 0.9, 7, None, True, 16)
     assert parse_args([ckpt]) == SampleConfig(checkpoint=ckpt)  # the defaults are the schema's
     assert parse_args([ckpt, "--", "temperature=hot"]).prompt == "temperature=hot"
+    files = [
+        [ckpt, f"prompt_file={tmp_path}"],
+        [ckpt, "--prompt-file", str(tmp_path)],
+        [ckpt, f"--prompt_file={tmp_path}"],
+    ]
+    assert len({parse_args(words).prompt_file for words in files}) == 1
 
 
 def test_a_run_directory_gives_its_best_then_its_newest_step_checkpoint(run_dir, tmp_path):
@@ -253,6 +255,12 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "--prompt-file", "TMP/nope.txt"], "prompt_file '.*nope.txt' does not exist"),
         (["RUN", "--prompt-file", "TMP/latin1.txt"], r"prompt_file '.*latin1.txt' is not UTF-8 text"),
         (["RUN", "a", "--prompt", "b"], "prompt is given twice"),
+        (["RUN", "ROMEO:", "--prompt-file", "TMP/p.txt"], r"^error: the prompt is given twice \(PROMPT 'ROMEO:' and "),
+        (["RUN", "--prompt", "ROMEO:", "-i"], r"-i reads its prompts from stdin, so PROMPT 'ROMEO:' would be ignored"),
+        (
+            ["RUN", "-i", "--prompt-file", "TMP/p.txt"],
+            r"-i reads its prompts from stdin, so --prompt-file '.*p.txt' would",
+        ),
         ([], "no checkpoint given"),
         (["TMP/missing.safetensors", "x"], "'.*missing.safetensors' does not exist; give a checkpoint file or a run"),
         (["corrupt", "x"], "is corrupt or not a safetensors file"),
