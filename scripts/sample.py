@@ -11,7 +11,9 @@ A run directory gives its checkpoints/best.safetensors (else its newest step che
 option may be written `--max-new-tokens 9`, `--max_new_tokens=9` or `max_new_tokens=9`; a prompt
 that itself looks like `word=value` goes after `--` or in `--prompt`. The text goes to stdout; a
 problem the user can fix prints one line `error: ...` on stderr before anything else and exits
-non-zero (2 for a bad option, 1 otherwise).
+non-zero: 2 for a bad command line (an unknown option, a value an option does not take, a device this
+machine lacks, options that conflict), 1 for what it names (a file, the checkpoint and the settings it
+cannot take, such as a context_length past its block_size, the prompt).
 """
 
 import argparse
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -178,7 +180,7 @@ def is_existing_path(word: str) -> bool:
 
 
 def parse_args(argv: list[str]) -> SampleConfig:
-    """The command line -> a SampleConfig whose sampling settings are already validated."""
+    """The command line -> a validated SampleConfig; ValueError (exit 2 in main) for a bad one."""
     # intermixed: positionals may come after options (`RUN --seed 3 "ROMEO:"`, `RUN --temperature 0 -- a=b`)
     given = vars(build_parser().parse_intermixed_args(normalize_argv(argv)))
     for name in ("checkpoint", "prompt"):
@@ -190,7 +192,10 @@ def parse_args(argv: list[str]) -> SampleConfig:
         given[name] = positional
     refuse_conflicting_prompts(given)
     sampling = SamplingParams(**{k: given.pop(k) for k in CLI_SAMPLING_FIELDS if k in given})
-    return SampleConfig(**given, sampling=sampling)
+    cfg = SampleConfig(**given, sampling=sampling)
+    cfg.validate()
+    resolve_device(cfg.device)  # checked here, so a bad device is a bad option like any other
+    return cfg
 
 
 def refuse_conflicting_prompts(given: dict[str, object]) -> None:
@@ -286,9 +291,18 @@ def sample(cfg: SampleConfig, out: TextIO | None = None, stdin: TextIO | None = 
     return Sampler(cfg).sample(text, cfg, out or sys.stdout)
 
 
+def exit_with_error(e: Exception, code: int) -> NoReturn:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:  # a bad command line: 2, as argparse's own errors (--top-k 1.5) are
+        exit_with_error(e, 2)
+    try:
         if cfg.interactive:
             from scripts.sample_repl import repl  # here: the REPL module imports this one
 
@@ -299,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
         sys.exit(0)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        sys.stderr.write(f"error: {message}\n")
-        sys.exit(1)
+        exit_with_error(e, 1)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -297,7 +297,7 @@ def test_cli_subprocess_prints_text_as_typed_and_one_line_errors(run_dir, tmp_pa
     repl = call("-i", "--max-new-tokens", "4", stdin="ROMEO:\n:seed 2\nROMEO:\n")
     assert repl.returncode == 0 and repl.stdout.count("ROMEO:") == 2 and repl.stderr == ""
     bad = call("x", "temperature=nan")
-    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.returncode == 2 and bad.stdout == ""  # a bad option
     assert bad.stderr.splitlines() == ["error: temperature=nan is invalid; it must be finite and >= 0 (0 = greedy)"]
 
 
@@ -339,3 +339,27 @@ def test_a_relative_run_directory_named_like_key_value_is_a_path(run_dir, tmp_pa
     assert code == 0 and out.startswith("ROMEO:"), err
     with pytest.raises(ValueError, match="unknown option 'lr'"):  # no such path: still the old spelling
         parse_args(["lr=4", "ROMEO:"])
+
+
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["RUN", "x", "--top-k", "0"], 2),  # a bad option value: 2, whoever checks it (SamplingParams here)
+        (["RUN", "x", "--temperature", "-1"], 2),
+        (["RUN", "x", "--top-k", "1.5"], 2),  # ... or argparse
+        (["RUN", "x", "--frobnicate"], 2),
+        (["RUN", "x", "tempreture=1"], 2),
+        (["RUN", "x", "num_samples=0"], 2),
+        (["RUN", "x", "--device", "foo"], 2),
+        (["RUN", "a", "--prompt", "b"], 2),
+        ([], 2),
+        (["RUN", "ZZ"], 1),  # what the command names: the prompt, a file, the checkpoint
+        (["RUN", ""], 1),
+        (["TMP/missing.safetensors", "x"], 1),
+        (["RUN", "x", "--context-length", "10000"], 1),  # past this checkpoint's block_size
+    ],
+)
+def test_a_bad_command_line_exits_2_and_what_it_names_1(run_dir, tmp_path, capsys, args, code):
+    argv = [str(run_dir) if a == "RUN" else a.replace("TMP", str(tmp_path)) for a in args]
+    got, out, err = cli(capsys, argv)
+    assert (got, out, len(err.splitlines())) == (code, "", 1), err
