@@ -363,3 +363,23 @@ def test_a_bad_command_line_exits_2_and_what_it_names_1(run_dir, tmp_path, capsy
     argv = [str(run_dir) if a == "RUN" else a.replace("TMP", str(tmp_path)) for a in args]
     got, out, err = cli(capsys, argv)
     assert (got, out, len(err.splitlines())) == (code, "", 1), err
+
+
+TOOLS = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_in_scripts_runs_as_a_file(tool, tmp_path):
+    """`python scripts/TOOL.py --help` from anywhere, with nothing on PYTHONPATH: each finds the repo itself
+    (bench_generate.py once failed with No module named 'model')."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / tool), "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
