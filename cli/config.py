@@ -26,11 +26,27 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("job_subdir", lambda mode: ".hydra" if "MULTIRUN" in str(mode) else None)
 
 
-def compose_configs(overrides: list[str]) -> DictConfig:
-    """configs/ composed through Hydra's compose API, as train.py sees it (for tests and benchmarks)."""
+def compose_configs(overrides: list[str], config_dir: Path = CONFIG_DIR) -> DictConfig:
+    """configs/ composed through Hydra's compose API, as train.py sees it (for tests, benchmarks, --help)."""
     register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return compose(config_name="config", overrides=overrides)
+
+
+def default_run_values(config_dir: Path = CONFIG_DIR) -> dict[str, object]:
+    """{dotted key: value} of the config a bare `python train.py` runs (configs/*.yaml over the schema)."""
+    composed = OmegaConf.to_container(compose_configs([], config_dir), resolve=True, throw_on_missing=False)
+    return flatten(composed)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
@@ -70,8 +86,20 @@ def composition_error(e: Exception) -> str:
     if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
         return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
     if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option
-        return f"{lines[0]}; {lines[1].lower()} {', '.join(lines[2:])}"
+        return f"{lines[0]}; {lines[1].lower()} {', '.join(group_options(str(e)))}"
     return " ".join(lines)
+
+
+def group_options(message: str) -> list[str]:
+    """The options Hydra lists, one indented line each, under "Available options" (its search path
+    follows, indented the same way, under a heading of its own)."""
+    after = str(message).split("Available options", 1)[1].splitlines()[1:]
+    options = []
+    for line in after:
+        if not line[:1].isspace():
+            break
+        options.append(line.strip())
+    return options
 
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:

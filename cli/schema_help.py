@@ -120,14 +120,17 @@ def show_default(value: object) -> str:
     return str(value)
 
 
-def render_help(cls: type, prefix: str = "", width: int = 100) -> str:
-    """A block of help lines: one `name  type  = default` line per field, its meaning beneath."""
+def render_help(cls: type, prefix: str = "", width: int = 100, defaults: dict[str, object] | None = None) -> str:
+    """A block of help lines: one `name  type  = default` line per field, its meaning beneath.
+    defaults: {dotted name: value} shown instead of the schema's (what a composed config gives)."""
     docs = schema_fields(cls, prefix)
+    defaults = defaults or {}
     name_w = max(len(d.name) for d in docs)
     type_w = max(len(d.type) for d in docs)
     lines = []
     for d in docs:
-        lines.append(f"  {d.name:<{name_w}}  {d.type:<{type_w}}  = {show_default(d.default)}")
+        default = defaults.get(d.name, d.default)
+        lines.append(f"  {d.name:<{name_w}}  {d.type:<{type_w}}  = {show_default(default)}")
         if d.help:
             lines.extend(textwrap.wrap(d.help, width, initial_indent=" " * 6, subsequent_indent=" " * 6))
     return "\n".join(lines)

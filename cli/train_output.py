@@ -3,6 +3,7 @@ header, log lines that never glue onto the progress bar), the closing lines that
 and how to sample from it or continue it, and the sweep's closing hint.
 """
 
+import json
 import logging
 import os
 import shlex
@@ -12,13 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import safetensors
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.run_dir import RunDirInUse
+from training.run_dir import CheckpointDir, RunDirInUse
 
 OUTPUTS = Path("outputs")
 
@@ -127,17 +129,47 @@ def nothing_to_resume(out_dir: Path, overrides: Sequence[str]) -> ValueError:
     return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
 
 
+def how_far(out_dir: Path) -> dict[str, Any] | None:
+    """The newest step checkpoint's step, elapsed_s and the ends it ran under (max_steps, budget_s), from
+    its header alone (no weights read); None where there is none to read."""
+    latest = CheckpointDir(Path(out_dir) / "checkpoints").latest()
+    if latest is None:
+        return None
+    try:
+        with safetensors.safe_open(str(latest), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["attnlab"])
+        config = meta["config"]
+        return {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
+    except Exception:  # safetensors raises several types for a damaged file: the generic line then
+        return None
+
+
+def new_end(far: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
+    """(the end keys the continue command drops, the new end it asks for). A budget is total training
+    time, continued across resumes, so a run that ended on its budget needs a larger total, or none:
+    dropping only budget_s would bring back the config's, already spent (the default run's 270 s)."""
+    if far is None:
+        return END_KEYS, "max_steps=N  (or budget_s=SECONDS)"
+    if far["budget_s"] and (not far["max_steps"] or far["step"] < far["max_steps"]):
+        trained = f"{far['elapsed_s']:,.1f} s"
+        hint = f"a total, more than the {trained} trained; or budget_s=null max_steps=N"
+        return ("budget_s",), f"budget_s=SECONDS  ({hint})"
+    budget = f"; its budget_s={far['budget_s']:g} still applies" if far["budget_s"] else ""
+    return ("max_steps",), f"max_steps=N  (a total, more than the {far['step']:,} steps trained{budget})"
+
+
 def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
     """Where the run is, and the exact commands to sample from it and to continue it."""
     out = shlex.quote(str(out_dir))
     best = out_dir / "checkpoints" / "best.safetensors"
     val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""
+    dropped, end = new_end(how_far(out_dir))
     return "\n".join(
         [
             f"done: {val}run directory {out_dir}",
             f"  best checkpoint: {best}",
             f'  sample:   python scripts/sample.py {out} "ROMEO:"',
-            f"  continue: {continue_command(out_dir, overrides, drop=END_KEYS)} max_steps=N  (or budget_s=SECONDS)",
+            f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
             f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]
     )
@@ -156,7 +188,9 @@ class SweepHint(Callback):
 
 def help_text(config_dir: Path) -> str:
     """`python train.py --help`: the config groups and their options, then every key of the schema with
-    its type, default and meaning, generated from the dataclasses (so it cannot drift from them)."""
+    its type, meaning (from the dataclasses, so it cannot drift from them) and the value the default run
+    gives it (configs/*.yaml composed over the schema, as `--cfg job` shows: budget_s 270, not null)."""
+    from cli.config import default_run_values
     from cli.schema_help import render_help
     from training.config import TrainConfig
 
@@ -167,8 +201,8 @@ def help_text(config_dir: Path) -> str:
         "config groups (GROUP=OPTION; +GROUP=OPTION for experiment and debug):",
         *[f"  {g.name:<12}{', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups],
         "",
-        "keys (KEY=VALUE), with their defaults:",
-        render_help(TrainConfig),
+        "keys (KEY=VALUE), with the default run's values (configs/config.yaml):",
+        render_help(TrainConfig, defaults=default_run_values(config_dir)),
         "",
         "examples:",
         "  python train.py                             # the default model on Shakespeare, a few minutes on a CPU",

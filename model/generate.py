@@ -89,16 +89,20 @@ def stream_tokens(
         generator = params.make_generator(idx.device)
     max_new_tokens, stop_token = params.max_new_tokens, params.stop_token
     B, T = idx.shape
-    # Every token so far, so a full cache can re-prefill from the last `context` of them.
-    tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
-    tokens[:, :T] = idx
+    # The model only ever sees the last `context` tokens, so only those are kept (for a full cache's
+    # re-prefill), in a buffer that slides back when full: nothing is sized to max_new_tokens, which
+    # may be any size (10**20 overflowed torch's int64; 10**12 asked for 8 TB).
+    kept = min(T, context)
+    capacity = min(2 * context, kept + max_new_tokens)
+    tokens = torch.empty(B, capacity, dtype=torch.long, device=idx.device)
+    tokens[:, :kept] = idx[:, T - kept :]
     real = None
     if padding_mask is not None:
-        real = torch.ones(B, T + max_new_tokens, dtype=torch.bool, device=idx.device)
-        real[:, :T] = padding_mask
+        real = torch.ones(B, capacity, dtype=torch.bool, device=idx.device)
+        real[:, :kept] = padding_mask[:, T - kept :]
     cache = model.new_cache(B, min(context, T + max_new_tokens)) if params.use_cache else None
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    length = T
+    length = kept
     for step in range(max_new_tokens):
         if cache is not None and step > 0 and cache.length < cache.max_length:
             logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True)  # decode one token
@@ -112,11 +116,21 @@ def stream_tokens(
         if stop_token is not None:
             next_id = next_id.masked_fill(done, stop_token)
             done |= next_id == stop_token
+        if length == capacity:  # full: the last `context` tokens go to the front
+            length = slide_back(tokens, real, context)
         tokens[:, length] = next_id
         length += 1
         yield next_id
         if stop_token is not None and bool(done.all()):
             return
+
+
+def slide_back(tokens: Tensor, real: Tensor | None, context: int) -> int:
+    """Move the last `context` columns of a full buffer (and its mask) to its front; the new length."""
+    tokens[:, :context] = tokens[:, -context:].clone()
+    if real is not None:
+        real[:, :context] = real[:, -context:].clone()
+    return context
 
 
 def stream(

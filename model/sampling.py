@@ -81,6 +81,15 @@ def keep_top_p(logits: Tensor, p: float) -> Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def scale_by_temperature(logits: Tensor, temperature: float) -> Tensor:
+    """logits / temperature, each row's largest logit first subtracted: a tiny temperature then sends the
+    others toward -inf (the argmax's probability toward 1) instead of every logit to inf and the softmax
+    to NaN. Below float32's smallest normal number the temperature would round to 0 (0 / 0 at the max),
+    so it is clamped there, where the others are -inf already."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return shifted / max(temperature, torch.finfo(logits.dtype).tiny)
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
@@ -88,11 +97,14 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Next token ids (B,) from last-position logits (B, V); greedy (argmax) when temperature == 0."""
+    """Next token ids (B,) from last-position logits (B, V); greedy (argmax) when temperature == 0.
+    ValueError when the logits hold NaN or inf (a diverged model), before any draw."""
     logits = logits.float()
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError("the model's output is not finite (NaN or inf logits): its weights have diverged")
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    logits = scale_by_temperature(logits, temperature)
     if top_k is not None:
         logits = keep_top_k(logits, top_k)
     if top_p is not None and top_p < 1.0:

@@ -1,9 +1,9 @@
 """Benchmark generation: KV-cached vs uncached decoding, per-token latency, and HF GPT-2 for comparison.
 
-    python -m scripts.bench_generate                 # default model (configs/model/small.yaml), vocab 65
-    python -m scripts.bench_generate --vocab 50257   # GPT-2's vocabulary: the LM head dominates
-    python -m scripts.bench_generate --quick         # 128 / 512 new tokens only, for a fast check
-    python -m scripts.bench_generate --threads 1     # one thread: batch-1 decoding is latency-bound, and
+    python scripts/bench_generate.py                 # default model (configs/model/small.yaml), vocab 65
+    python scripts/bench_generate.py --vocab 50257   # GPT-2's vocabulary: the LM head dominates
+    python scripts/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
+    python scripts/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
                                                      # a second thread only helps on an otherwise idle CPU
 
 Model: 4 layers, d_model 256, 4 heads of d_k 64 (configs/model/small.yaml) but block_size 2048, so
@@ -17,8 +17,13 @@ initialised, `generate(do_sample=False, use_cache=True)`.
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (python scripts/bench_generate.py): make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

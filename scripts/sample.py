@@ -11,7 +11,9 @@ A run directory gives its checkpoints/best.safetensors (else its newest step che
 option may be written `--max-new-tokens 9`, `--max_new_tokens=9` or `max_new_tokens=9`; a prompt
 that itself looks like `word=value` goes after `--` or in `--prompt`. The text goes to stdout; a
 problem the user can fix prints one line `error: ...` on stderr before anything else and exits
-non-zero (2 for a bad option, 1 otherwise).
+non-zero: 2 for a bad command line (an unknown option, a value an option does not take, a device this
+machine lacks, options that conflict), 1 for what it names (a file, the checkpoint and the settings it
+cannot take, such as a context_length past its block_size, the prompt).
 """
 
 import argparse
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -118,7 +120,9 @@ def bool_word(key: str, text: str) -> bool:
 
 def normalize_argv(argv: Iterable[str]) -> list[str]:
     """Map the spellings users try onto the flags: `key=value` (the Hydra style this script had),
-    `+key=value`, `--key_name`. Words after `--` are left alone (prompts that look like options)."""
+    `+key=value`, `--key_name`. Left alone: words after `--` (prompts that look like options), the word
+    after a flag that takes a value (`--prompt x=1` is that prompt), and an existing path (a run
+    directory named `lr=3`)."""
     fields = {d.name: d for d in cli_fields()}
     out: list[str] = []
     words = list(argv)
@@ -126,6 +130,9 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
         if word == "--":
             out += words[n:]
             break
+        if n > 0 and takes_value(words[n - 1], fields):
+            out.append(word)
+            continue
         if word.startswith("--") and "_" in word.split("=")[0]:
             key, eq, value = word.partition("=")
             out.append(key.replace("_", "-") + eq + value)
@@ -135,6 +142,9 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
             out.append(word)
             continue
         key, value = match.groups()
+        if key not in fields and is_existing_path(word):
+            out.append(word)
+            continue
         if key not in fields:
             hint = difflib.get_close_matches(key, fields, n=1)
             suggestion = f" (did you mean {hint[0]}?)" if hint else ""
@@ -149,9 +159,30 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
+def takes_value(word: str, fields: dict[str, FieldDoc]) -> bool:
+    """Whether `word` is a flag whose value is the next word: `--prompt`, `--max_new_tokens`, or an
+    abbreviation argparse accepts (`--prompt-f`), not `--stream` nor `--seed=3`."""
+    if not word.startswith("--") or "=" in word:
+        return False
+    flags = {"--" + name.replace("_", "-"): doc.type != "bool" for name, doc in fields.items()}
+    flag = word.replace("_", "-")
+    if flag in flags:
+        return flags[flag]
+    matches = [takes for name, takes in flags.items() if name.startswith(flag)]
+    return bool(matches) and all(matches)
+
+
+def is_existing_path(word: str) -> bool:
+    try:
+        return Path(word).exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
 def parse_args(argv: list[str]) -> SampleConfig:
-    """The command line -> a SampleConfig whose sampling settings are already validated."""
-    given = vars(build_parser().parse_args(normalize_argv(argv)))
+    """The command line -> a validated SampleConfig; ValueError (exit 2 in main) for a bad one."""
+    # intermixed: positionals may come after options (`RUN --seed 3 "ROMEO:"`, `RUN --temperature 0 -- a=b`)
+    given = vars(build_parser().parse_intermixed_args(normalize_argv(argv)))
     for name in ("checkpoint", "prompt"):
         if f"{name}_pos" not in given:
             continue
@@ -159,8 +190,22 @@ def parse_args(argv: list[str]) -> SampleConfig:
         if name in given and positional != given[name]:
             raise ValueError(f"{name} is given twice ({positional!r} and --{name} {given[name]!r}); give it once")
         given[name] = positional
+    refuse_conflicting_prompts(given)
     sampling = SamplingParams(**{k: given.pop(k) for k in CLI_SAMPLING_FIELDS if k in given})
-    return SampleConfig(**given, sampling=sampling)
+    cfg = SampleConfig(**given, sampling=sampling)
+    cfg.validate()
+    resolve_device(cfg.device)  # checked here, so a bad device is a bad option like any other
+    return cfg
+
+
+def refuse_conflicting_prompts(given: dict[str, object]) -> None:
+    """One source of prompts: PROMPT (or --prompt), --prompt-file, or -i's stdin; never one silently dropped."""
+    sources = {"PROMPT": given.get("prompt"), "--prompt-file": given.get("prompt_file")}
+    named = [f"{source} {value!r}" for source, value in sources.items() if value is not None]
+    if given.get("interactive") and named:
+        raise ValueError(f"-i reads its prompts from stdin, so {named[0]} would be ignored; give one or the other")
+    if len(named) > 1:
+        raise ValueError(f"the prompt is given twice ({' and '.join(named)}); give one")
 
 
 # --- loading and sampling ---
@@ -246,9 +291,18 @@ def sample(cfg: SampleConfig, out: TextIO | None = None, stdin: TextIO | None = 
     return Sampler(cfg).sample(text, cfg, out or sys.stdout)
 
 
+def exit_with_error(e: Exception, code: int) -> NoReturn:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:  # a bad command line: 2, as argparse's own errors (--top-k 1.5) are
+        exit_with_error(e, 2)
+    try:
         if cfg.interactive:
             from scripts.sample_repl import repl  # here: the REPL module imports this one
 
@@ -259,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
         sys.exit(0)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        sys.stderr.write(f"error: {message}\n")
-        sys.exit(1)
+        exit_with_error(e, 1)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -129,7 +129,6 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "seed=7",
         "context_length=16",
         "top_k=null",
-        f"prompt_file={tmp_path}",
     ]
     flag_words = [ckpt, "ROMEO:", "--temperature", "0", "--max-new-tokens", "200", "--stream", "--num-samples", "3"]
     flag_words += [
@@ -140,8 +139,6 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "16",
         "--top-k",
         "none",
-        "--prompt-file",
-        str(tmp_path),
     ]
     mixed_words = [
         "--checkpoint",
@@ -154,12 +151,17 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
         "stream=yes",
     ]
     mixed_words += ["--num_samples=3", "+top_p=0.9", "seed=7", "--context_length", "16", "top_k=none"]
-    mixed_words += ["--prompt_file", str(tmp_path)]
     hydra_style, flags, mixed = parse_args(hydra_words), parse_args(flag_words), parse_args(mixed_words)
     assert hydra_style == flags == mixed
     assert hydra_style.sampling == SamplingParams(200, 0.0, None, 0.9, 7, None, True, 16)
     assert parse_args([ckpt]) == SampleConfig(checkpoint=ckpt)  # the defaults are the schema's
     assert parse_args([ckpt, "--", "temperature=hot"]).prompt == "temperature=hot"
+    files = [
+        [ckpt, f"prompt_file={tmp_path}"],
+        [ckpt, "--prompt-file", str(tmp_path)],
+        [ckpt, f"--prompt_file={tmp_path}"],
+    ]
+    assert len({parse_args(words).prompt_file for words in files}) == 1
 
 
 def test_a_run_directory_gives_its_best_then_its_newest_step_checkpoint(run_dir, tmp_path):
@@ -253,6 +255,12 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "--prompt-file", "TMP/nope.txt"], "prompt_file '.*nope.txt' does not exist"),
         (["RUN", "--prompt-file", "TMP/latin1.txt"], r"prompt_file '.*latin1.txt' is not UTF-8 text"),
         (["RUN", "a", "--prompt", "b"], "prompt is given twice"),
+        (["RUN", "ROMEO:", "--prompt-file", "TMP/p.txt"], r"^error: the prompt is given twice \(PROMPT 'ROMEO:' and "),
+        (["RUN", "--prompt", "ROMEO:", "-i"], r"-i reads its prompts from stdin, so PROMPT 'ROMEO:' would be ignored"),
+        (
+            ["RUN", "-i", "--prompt-file", "TMP/p.txt"],
+            r"-i reads its prompts from stdin, so --prompt-file '.*p.txt' would",
+        ),
         ([], "no checkpoint given"),
         (["TMP/missing.safetensors", "x"], "'.*missing.safetensors' does not exist; give a checkpoint file or a run"),
         (["corrupt", "x"], "is corrupt or not a safetensors file"),
@@ -289,5 +297,89 @@ def test_cli_subprocess_prints_text_as_typed_and_one_line_errors(run_dir, tmp_pa
     repl = call("-i", "--max-new-tokens", "4", stdin="ROMEO:\n:seed 2\nROMEO:\n")
     assert repl.returncode == 0 and repl.stdout.count("ROMEO:") == 2 and repl.stderr == ""
     bad = call("x", "temperature=nan")
-    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.returncode == 2 and bad.stdout == ""  # a bad option
     assert bad.stderr.splitlines() == ["error: temperature=nan is invalid; it must be finite and >= 0 (0 = greedy)"]
+
+
+@pytest.mark.parametrize("temperature", ["1e-40", "1e-45", "1e-300"])
+def test_a_tiny_temperature_samples_like_greedy_in_the_command_and_the_repl(run_dir, capsys, monkeypatch, temperature):
+    args = [str(run_dir), "ROMEO:", "--max-new-tokens", "8", "--device", "cpu"]
+    greedy = cli(capsys, [*args, "--temperature", "0"])
+    assert greedy[0] == 0, greedy[2]
+    assert cli(capsys, [*args, "--temperature", temperature]) == greedy
+    repl = cli(capsys, [*args[:1], "-i", *args[2:]], f":temperature {temperature}\nROMEO:\n", monkeypatch)
+    assert repl == greedy
+
+
+def test_the_positionals_may_come_after_options(run_dir):
+    ckpt = str(run_dir)
+    first = parse_args([ckpt, "ROMEO:", "--max-new-tokens", "3"])
+    assert parse_args([ckpt, "--max-new-tokens", "3", "ROMEO:"]) == first
+    assert parse_args(["--max-new-tokens", "3", ckpt, "ROMEO:"]) == first
+    after_dashes = parse_args([ckpt, "--temperature", "0", "--", "a=b"])  # the README's word=value prompt
+    assert (after_dashes.prompt, after_dashes.sampling.temperature) == ("a=b", 0.0)
+
+
+def test_the_word_after_a_flag_that_takes_a_value_is_that_value(run_dir, tmp_path, monkeypatch):
+    ckpt = str(run_dir)
+    assert parse_args([ckpt, "--prompt", "x=1"]).prompt == "x=1"
+    assert parse_args([ckpt, "--prompt", "temperature=2"]).sampling.temperature == SamplingParams().temperature
+    assert parse_args([ckpt, "--prompt-file", "k=v.txt"]).prompt_file == "k=v.txt"
+    assert parse_args([ckpt, "--prompt_file", "k=v.txt"]).prompt_file == "k=v.txt"
+    assert parse_args([ckpt, "--prompt-f", "k=v.txt"]).prompt_file == "k=v.txt"  # argparse's abbreviation
+    assert parse_args(["--checkpoint", "lr=3"]).checkpoint == "lr=3"
+    assert parse_args([ckpt, "--stream", "seed=4"]).sampling.seed == 4  # --stream takes none: key=value
+
+
+def test_a_relative_run_directory_named_like_key_value_is_a_path(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.symlink(run_dir, tmp_path / "lr=3")
+    assert parse_args(["lr=3", "ROMEO:"]).checkpoint == "lr=3"
+    code, out, err = cli(capsys, ["lr=3", "ROMEO:", "--max-new-tokens", "3", "--device", "cpu"])
+    assert code == 0 and out.startswith("ROMEO:"), err
+    with pytest.raises(ValueError, match="unknown option 'lr'"):  # no such path: still the old spelling
+        parse_args(["lr=4", "ROMEO:"])
+
+
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["RUN", "x", "--top-k", "0"], 2),  # a bad option value: 2, whoever checks it (SamplingParams here)
+        (["RUN", "x", "--temperature", "-1"], 2),
+        (["RUN", "x", "--top-k", "1.5"], 2),  # ... or argparse
+        (["RUN", "x", "--frobnicate"], 2),
+        (["RUN", "x", "tempreture=1"], 2),
+        (["RUN", "x", "num_samples=0"], 2),
+        (["RUN", "x", "--device", "foo"], 2),
+        (["RUN", "a", "--prompt", "b"], 2),
+        ([], 2),
+        (["RUN", "ZZ"], 1),  # what the command names: the prompt, a file, the checkpoint
+        (["RUN", ""], 1),
+        (["TMP/missing.safetensors", "x"], 1),
+        (["RUN", "x", "--context-length", "10000"], 1),  # past this checkpoint's block_size
+    ],
+)
+def test_a_bad_command_line_exits_2_and_what_it_names_1(run_dir, tmp_path, capsys, args, code):
+    argv = [str(run_dir) if a == "RUN" else a.replace("TMP", str(tmp_path)) for a in args]
+    got, out, err = cli(capsys, argv)
+    assert (got, out, len(err.splitlines())) == (code, "", 1), err
+
+
+TOOLS = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_in_scripts_runs_as_a_file(tool, tmp_path):
+    """`python scripts/TOOL.py --help` from anywhere, with nothing on PYTHONPATH: each finds the repo itself
+    (bench_generate.py once failed with No module named 'model')."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / tool), "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

@@ -1,11 +1,17 @@
 """The command a stopped or finished run prints to continue it: pasted into a shell, it gives train.py the
 run's own overrides again, with the run directory and resume=auto in front."""
 
+import json
+import re
 import shlex
+from pathlib import Path
 
 import pytest
+import safetensors.torch
+import torch
 
-from cli.train_output import END_KEYS, continue_command, run_overrides
+from cli.train_output import END_KEYS, closing_lines, continue_command, run_overrides
+from tests.helpers import ROOT, run_cli
 
 OVERRIDES = [
     "model.n_head=8",
@@ -39,3 +45,72 @@ def test_a_sweep_job_continues_as_the_one_run_it_is():
     assert run_overrides(job, ["-m", *job], multirun=True) == [*job, "hydra.mode=RUN"]
     assert run_overrides(job, [*job, "hydra.mode=RUN"], multirun=False) == [*job, "hydra.mode=RUN"]
     assert run_overrides(job, job, multirun=False) == job  # a plain run: no mode in its command
+
+
+def finished_run(run: Path, step: int, elapsed_s: float, max_steps: int | None, budget_s: float | None) -> Path:
+    """A run directory whose newest step checkpoint says how far it got (a header is all the line reads)."""
+    meta = {"step": step, "elapsed_s": elapsed_s, "config": {"max_steps": max_steps, "budget_s": budget_s}}
+    path = run / "checkpoints" / f"step_{step:07d}.safetensors"
+    path.parent.mkdir(parents=True)
+    safetensors.torch.save_file({"w": torch.zeros(1)}, str(path), metadata={"attnlab": json.dumps(meta)})
+    return run
+
+
+def continue_line(run: Path, overrides: list[str]) -> str:
+    (line,) = [line for line in closing_lines(run, {}, overrides).splitlines() if "continue:" in line]
+    return line.split("continue: ", 1)[1]
+
+
+def test_a_run_that_ended_on_its_budget_is_continued_with_a_larger_total(tmp_path):
+    # The default run: budget_s 270 from configs/, max_steps null. Dropping budget_s alone would
+    # compose the 270 s again, already spent: the run would train one step and stop.
+    run = finished_run(tmp_path / "run", step=1234, elapsed_s=262.4, max_steps=None, budget_s=270.0)
+    line = continue_line(run, ["model.n_head=8", "budget_s=270"])
+    command, hint = line.split("  (")
+    assert shlex.split(command)[4:] == ["model.n_head=8", "budget_s=SECONDS"]
+    assert "more than the 262.4 s trained" in hint and "budget_s=null max_steps=N" in hint
+
+
+def test_a_budget_run_that_reached_its_steps_first_keeps_its_budget(tmp_path):
+    run = finished_run(tmp_path / "run", step=20, elapsed_s=4.0, max_steps=20, budget_s=6.0)
+    command, hint = continue_line(run, ["+debug=tiny", "budget_s=6"]).split("  (")
+    assert shlex.split(command)[4:] == ["+debug=tiny", "budget_s=6", "max_steps=N"]
+    assert "more than the 20 steps trained; its budget_s=6 still applies" in hint
+
+
+def test_without_a_readable_checkpoint_the_line_leaves_both_ends_to_choose(tmp_path):
+    line = continue_line(tmp_path, ["model.n_head=8", "budget_s=60"])
+    assert (
+        line
+        == "python train.py out_dir=" + str(tmp_path) + " resume=auto model.n_head=8 max_steps=N  (or budget_s=SECONDS)"
+    )
+
+
+def newest_step(run: Path) -> int:
+    return max(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.safetensors"))
+
+
+@pytest.mark.slow
+def test_the_printed_command_pasted_with_a_number_trains_further(tiny_run_overrides, tmp_path):
+    """A real budget run: the closing line's command, with SECONDS a total over what it trained, trains
+    more steps. (max_steps=null: +debug=tiny's 20 steps can come first on an idle machine.)"""
+    train = str(ROOT / "train.py")
+    first = run_cli([train, *tiny_run_overrides, "budget_s=4", "max_steps=null", "sample_tokens=0"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    steps_before = newest_step(tmp_path / "run")
+    line = next(line for line in first.stderr.splitlines() if "continue: " in line).split("continue: ", 1)[1]
+    command, hint = line.split("  (")
+    trained = float(re.search(r"more than the ([\d.]+) s trained", hint).group(1))
+    argv = shlex.split(command.replace("budget_s=SECONDS", f"budget_s={trained + 4:.0f}"))
+    assert argv[:2] == ["python", "train.py"]
+    second = run_cli([train, *argv[2:]], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert newest_step(tmp_path / "run") > steps_before + 1, second.stderr[-2000:]
+
+
+def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    (shown,) = [line for line in readme.splitlines() if line.startswith("  continue: python train.py out_dir=")]
+    monkeypatch.chdir(tmp_path)
+    run = finished_run(Path("outputs/2026-12-01/20-43-56"), step=900, elapsed_s=262.3, max_steps=None, budget_s=270)
+    assert f"  continue: {continue_line(run, [])}" == shown

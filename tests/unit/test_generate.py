@@ -1,5 +1,7 @@
 """GPT.generate / GPT.stream: what they return, seeds, stop tokens, streaming, padding helpers."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -129,3 +131,18 @@ def test_stream_text_pieces_join_to_the_decoded_tokens(model):
     pieces = list(stream_text(model, tok, [1, 2, 3], params))
     ids = [int(t[0]) for t in stream_tokens(model, torch.tensor([[1, 2, 3]]), params)]
     assert "".join(pieces) == tok.decode(ids) and len(pieces) == 12
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("huge,use_cache", [(10**12, True), (10**20, False)])  # 8 TB of buffer; past int64
+def test_a_huge_max_new_tokens_streams_tokens_that_see_the_last_block_size(model, huge, use_cache):
+    """Nothing is sized to max_new_tokens; 70 tokens run past twice the block_size (32), so the kept
+    window slides, and each token is still the argmax of the model on the last 32 tokens."""
+    params = SamplingParams(max_new_tokens=huge, temperature=0, use_cache=use_cache)
+    ids = [1, 2, 3, 4, 5]
+    new = [int(t[0]) for t in itertools.islice(stream_tokens(model, torch.tensor([ids]), params), 70)]
+    text = ids + new
+    with torch.no_grad():
+        for length in range(len(ids), len(text)):  # reference: crop to the window, as nanoGPT does
+            logits, _ = model(torch.tensor([text[max(0, length - 32) : length]]))
+            assert text[length] == logits[0, -1].argmax().item(), f"token {length} differs"

@@ -110,3 +110,20 @@ def test_a_seed_makes_the_same_generator_and_none_a_fresh_one():
 
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
     assert not torch.equal(draw(None), draw(None))
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-45, 1e-300, 5e-324])
+def test_a_tiny_positive_temperature_samples_the_argmax(temperature):
+    # logits / 1e-40 was inf everywhere, and softmax NaN: torch.multinomial refused the row
+    logits = torch.randn(8, 30, generator=torch.Generator().manual_seed(2)) * 5
+    picks = sample_next(logits, temperature=temperature, top_k=10, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(picks, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_logits_that_are_not_finite_are_refused_as_the_models_output(bad, temperature):
+    logits = torch.zeros(2, 5)
+    logits[1, 3] = bad
+    with pytest.raises(ValueError, match=r"^the model's output is not finite \(NaN or inf logits\)"):
+        sample_next(logits, temperature=temperature, generator=torch.Generator().manual_seed(0))

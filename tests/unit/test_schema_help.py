@@ -3,7 +3,10 @@
 import dataclasses
 from dataclasses import dataclass, field
 
-from cli.schema_help import render_help, schema_fields
+import pytest
+
+from cli.schema_help import render_help, schema_fields, show_default
+from tests.helpers import ROOT
 from training.config import TrainConfig
 
 
@@ -61,3 +64,33 @@ def test_every_train_config_field_appears_in_its_help_with_its_default():
     assert d_model.split() == ["model.d_model", "int", "=", "256"]
     n_kv = lines.index(next(line for line in lines if line.split()[0] == "model.n_kv_head"))
     assert "GQA" in lines[n_kv + 1]  # the comment written beside the field
+
+
+def test_train_help_shows_the_default_runs_values_with_the_schemas_meanings():
+    """`python train.py --help` gives what a bare run uses (`--cfg job`: configs/*.yaml over the schema),
+    not the dataclass defaults it overrides (max_steps 600, budget_s null, batch_size 32, ...)."""
+    from omegaconf import OmegaConf
+
+    from cli.config import CONFIG_DIR, compose_configs
+    from cli.train_output import help_text
+
+    composed = compose_configs([])
+    lines = help_text(CONFIG_DIR).splitlines()
+    shown = {line.split()[0]: line.split("= ", 1)[1] for line in lines if line.startswith("  ") and " = " in line}
+    for name in leaf_names(TrainConfig):
+        assert shown[name] == show_default(OmegaConf.select(composed, name)), name
+    assert (shown["budget_s"], shown["max_steps"], shown["optim.optimizer"]) == ("270.0", "null", "'muon'")
+    n_kv = lines.index(next(line for line in lines if line.split()[:1] == ["model.n_kv_head"]))
+    assert "GQA" in lines[n_kv + 1]  # the meaning is still the dataclass comment
+
+
+def test_an_unknown_group_option_lists_the_groups_options_only():
+    from hydra.errors import MissingConfigException
+
+    from cli.config import compose_configs, composition_error
+
+    with pytest.raises(MissingConfigException) as e:
+        compose_configs(["model=huge"])
+    message = composition_error(e.value)
+    options = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
+    assert message == f"In 'config': Could not find 'model/huge'; available options in 'model': {', '.join(options)}"
