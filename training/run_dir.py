@@ -11,7 +11,8 @@
   file it could not read, never anything it does not know.
 - A fresh run refuses a directory that holds another run's files unless overwrite=true, and even then
   refuses one holding anything it cannot verify. resume=auto continues from the newest checkpoint and
-  refuses when that one cannot be read (rather than going back to an older one and overwriting it).
+  refuses when that one cannot be read (rather than going back to an older one and overwriting it);
+  with no checkpoint it starts afresh only where that replaces no run's files, as a fresh run does.
 """
 
 import contextlib
@@ -114,19 +115,21 @@ class CheckpointDir:
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            held = run_files(self.directory.parent)
-            if held and not overwrite:
+            if held := self._files_in_the_way(overwrite):
                 raise ValueError(
-                    f"{self.directory.parent} already holds another run's files ({', '.join(held[:4])}); "
+                    f"{self.directory.parent} already holds another run's files ({held}); "
                     "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
+                )
+            path, step = None, -1
+        elif resume == "auto" and self.latest() is None:  # e.g. a run killed before its first save
+            if held := self._files_in_the_way(overwrite):
+                raise ValueError(
+                    f"resume=auto: {self.directory.parent} holds another run's files ({held}) but no checkpoint "
+                    "to continue from; pass overwrite=true to start afresh, or another out_dir"
                 )
             path, step = None, -1
         elif resume == "auto":
             path = self.latest()
-            if path is None:
-                if self.directory.is_dir() and any(self.directory.iterdir()):
-                    raise ValueError(f"resume=auto: {self.directory} holds no step checkpoint to continue from")
-                return None
             try:
                 load_checkpoint(path)
             except ValueError as e:
@@ -151,6 +154,10 @@ class CheckpointDir:
                 )
         self.adopt(keep_up_to=step)
         return path
+
+    def _files_in_the_way(self, overwrite: bool) -> str:
+        """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""
+        return "" if overwrite else ", ".join(run_files(self.directory.parent)[:4])
 
     def _holds(self, path: Path) -> bool:
         return path.resolve().parent == self.directory.resolve()

@@ -296,3 +296,37 @@ def test_ctrl_c_while_an_entry_point_starts_exits_130_without_a_traceback_or_a_r
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, "Traceback" in err, out.exists()) == (130, False, False), err[-2000:]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"config.yaml": "my precious config\n", "metrics.jsonl": '{"step": 3}\n'},  # a user's project
+        {"config.yaml": "model: {}\n", "run_info.json": "{}", "train.log": "step 1\n"},  # SIGKILLed before a save
+    ],
+)
+def test_resume_auto_refuses_run_files_without_a_checkpoint_and_keeps_them(corpus_args, tmp_path, files):
+    # Defect: with no checkpoints/ resume=auto started a fresh run and overwrote config.yaml and metrics.jsonl.
+    out = tmp_path / "proj"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    before = checksums(out)
+    with pytest.raises(ValueError, match=r"resume=auto: .*proj holds another run's files \(.*config\.yaml.*\) but no "
+                       r"checkpoint to continue from; pass overwrite=true to start afresh"):  # fmt: skip
+        run_train([*corpus_args, f"out_dir={out}", "resume=auto"])
+    assert checksums(out) == before
+    run_train([*corpus_args, f"out_dir={out}", "resume=auto", "overwrite=true", "max_steps=2", "sample_tokens=0"])
+    assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_resume_auto_in_a_sweep_job_directory_or_an_empty_one_starts_afresh(corpus_args, tmp_path):
+    job = tmp_path / "job"  # what Hydra writes into a sweep job's directory before the run starts
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (job / "train.log").write_text("")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (job, empty, tmp_path / "new"):
+        run_train([*corpus_args, f"out_dir={out}", "resume=auto", "max_steps=2", "sample_tokens=0"])
+        assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
