@@ -160,7 +160,8 @@ class CheckpointDir:
         return "" if overwrite else ", ".join(run_files(self.directory.parent)[:4])
 
     def _holds(self, path: Path) -> bool:
-        return path.resolve().parent == self.directory.resolve()
+        """`path` is listed in this directory (a symlink there too: its name is its step here)."""
+        return path.absolute().parent.resolve() == self.directory.resolve()
 
     def adopt(self, keep_up_to: int) -> None:
         """Take ownership of the files this run will replace: checkpoints after `keep_up_to` (and best,
@@ -191,6 +192,11 @@ class CheckpointDir:
         except ValueError as e:
             raise ValueError(f"{what} ({e}); move it away first") from None
 
+    def history_kept(self, resume_from: Path | None, step: int) -> int:
+        """The last step of this directory's records that the run continues: `step` when it resumes one of
+        its checkpoints, else -1 (a fresh run, or a foreign checkpoint's, starts the records afresh)."""
+        return step if resume_from is not None and self._holds(resume_from) else -1
+
     def start(self, resume_from: Path | None, step: int) -> None:
         """Before the first step: drop temp files of killed saves and the owned checkpoints this run
         replaces (those after the step it continues from)."""
@@ -199,7 +205,7 @@ class CheckpointDir:
         for tmp in self.directory.glob(".*.tmp-*"):
             log.info("removing %s, left by an interrupted save", tmp)
             tmp.unlink(missing_ok=True)
-        keep_up_to = step if resume_from is not None and self._holds(resume_from) else -1
+        keep_up_to = self.history_kept(resume_from, step)
         for name in sorted(self.owned):
             path = self.directory / name
             if (checkpoint_step(path) or -1) > keep_up_to or (name == BEST and keep_up_to < 0):
@@ -236,7 +242,8 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def trim_metrics(path: Path, step: int) -> None:
-    """Keep only records up to `step` (and no torn last line), so a resumed run logs each step once."""
+    """Keep only records up to `step` (and no torn last line), so a resumed run logs each step once;
+    step -1 keeps none (a record without a step counts as step 0)."""
     if not path.is_file():
         return
     kept = []

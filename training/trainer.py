@@ -319,7 +319,7 @@ def start_records(trainer: Trainer) -> MetricsLogger | None:
 
     def start_run_dir() -> None:
         trainer.checkpoints.start(trainer.resume_path, state.step)
-        trim_metrics(out_dir / METRICS, state.step)
+        trim_metrics(out_dir / METRICS, trainer.checkpoints.history_kept(trainer.resume_path, state.step))
         log_to_file(out_dir / "train.log")
         write_config(out_dir / "config.yaml", asdict(cfg))
 

@@ -128,6 +128,8 @@ def test_a_symlinked_checkpoint_and_what_it_points_to_survive_a_resume(corpus_ar
     run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=30", "keep_last=1"])
     assert (ckpts / "step_0000010.safetensors").is_symlink() and elsewhere.read_bytes() == kept
     assert (ckpts / "step_0000030.safetensors").is_file() and (ckpts / "best.safetensors").is_file()
+    steps = [json.loads(line)["step"] for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 5 and steps[-1] == 30  # it continued the run's records, not a fresh run's
 
 
 def test_a_fresh_run_refuses_a_directory_holding_only_best(corpus_args, finished_run):
@@ -330,3 +332,11 @@ def test_resume_auto_in_a_sweep_job_directory_or_an_empty_one_starts_afresh(corp
     for out in (job, empty, tmp_path / "new"):
         run_train([*corpus_args, f"out_dir={out}", "resume=auto", "max_steps=2", "sample_tokens=0"])
         assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
+    # Defect: trim_metrics(path, 0) kept the old run's step-0 record and any record without a step.
+    (finished_run / "metrics.jsonl").write_text('{"step": 0, "val/loss": 99.0}\n{"note": "old"}\n')
+    run_train([*corpus_args, f"out_dir={finished_run}", "overwrite=true", "max_steps=2", "sample_tokens=0"])
+    records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert records and all(0 < record["step"] <= 2 for record in records)
