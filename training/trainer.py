@@ -217,6 +217,8 @@ class Trainer:
 
     def finished(self, now: float, clock: "Clock") -> bool:
         """At the end (max_steps or budget_s), or one more step and the last evaluation would overrun budget_s."""
+        if self.state.step == 0:  # a run saves at least one step, so a budget too short for one overruns by it
+            return False
         over = bool(self.cfg.budget_s) and now + clock.step_s + clock.eval_s >= self.cfg.budget_s
         return over or self.progress(now) >= 1.0
 
