@@ -49,12 +49,13 @@ class RunDirInUse(ValueError):
 
 
 class RunLock:
-    """An exclusive lock on a run directory; `release(discard=True)` also removes a directory that
-    `acquire` created and nothing else was written to (a run refused at start-up leaves no trace)."""
+    """An exclusive lock on a run directory; `release(discard=True)` undoes what `acquire` made, the lock
+    file and the directories, when nothing else was written (a run refused at start-up leaves no trace)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.created: list[Path] = []  # the directory and the parents that acquire made, innermost first
+        self.found: set[str] = set()  # the names the directory held before acquire
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
@@ -63,25 +64,37 @@ class RunLock:
         missing = [self.directory, *self.directory.parents]
         self.created = [d for d in missing[: next(i for i, d in enumerate(missing) if d.exists())]]
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunDirInUse(
-                f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
-        self._fd = fd
+        self.found = {p.name for p in self.directory.iterdir()}
+        self._fd = self._open_locked()
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
         return self
+
+    def _open_locked(self) -> int:
+        """The lock file, flocked. A refused run unlinks the lock file it made: one opened just before
+        that is no longer the directory's, so it is opened again."""
+        path = self.directory / LOCK
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RunDirInUse(
+                    f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return fd
+            os.close(fd)
 
     def release(self, discard: bool = False) -> None:
         if self._fd is None:
             return
-        if discard and self.created and {p.name for p in self.directory.iterdir()} <= {LOCK}:
-            (self.directory / LOCK).unlink(missing_ok=True)
+        if discard and {p.name for p in self.directory.iterdir()} <= self.found | {LOCK}:
+            if LOCK not in self.found:  # while still held: a run that opened it meanwhile opens it again
+                (self.directory / LOCK).unlink(missing_ok=True)
             for made in self.created:
                 with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
                     made.rmdir()

@@ -340,3 +340,27 @@ def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
     run_train([*corpus_args, f"out_dir={finished_run}", "overwrite=true", "max_steps=2", "sample_tokens=0"])
     records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
     assert records and all(0 < record["step"] <= 2 for record in records)
+
+
+def test_a_refused_start_in_an_existing_directory_leaves_no_lock_file(corpus_args, tmp_path):
+    # Defect: the refused run's .lock stayed in the user's directory.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already holds another run's files"):
+        run_train([*corpus_args, f"out_dir={mine}"])
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_a_discarded_lock_removes_only_a_lock_file_it_made_beside_nothing_new(tmp_path):
+    kept = tmp_path / "kept"  # a former run's lock file is that run's
+    kept.mkdir()
+    (kept / ".lock").write_text("pid 1: train.py\n")
+    RunLock(kept).acquire().release(discard=True)
+    assert (kept / ".lock").exists()
+    written = tmp_path / "written"  # the run wrote something: its lock stays with it
+    written.mkdir()
+    lock = RunLock(written).acquire()
+    (written / "config.yaml").write_text("x")
+    lock.release(discard=True)
+    assert sorted(p.name for p in written.iterdir()) == [".lock", "config.yaml"]
