@@ -59,10 +59,12 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"out_dir={str(self.directory)!r} is a file, not a directory")
         missing = [self.directory, *self.directory.parents]
-        self.created = [d for d in missing[: next(i for i, d in enumerate(missing) if d.exists())]]
+        nearest = next(d for d in missing if d.exists())
+        if not nearest.is_dir():
+            where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
+            raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
+        self.created = missing[: missing.index(nearest)]
         self.directory.mkdir(parents=True, exist_ok=True)
         self.found = {p.name for p in self.directory.iterdir()}
         self._fd = self._open_locked()

@@ -237,3 +237,13 @@ def test_cli_refuses_another_runs_directory_in_one_line(run, tmp_path):
         .endswith("pass resume=auto to continue it, overwrite=true to replace it, or another out_dir")
     )
     assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()} == before
+
+
+def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
+    # Defect: it said only "[Errno 20] Not a directory", naming no key.
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub"
+    with pytest.raises(ValueError, match=rf"out_dir='{out}' is under a file \({tmp_path / 'afile'}\), not a dir") as e:
+        run_train([*shared_corpus_overrides, f"out_dir={out}"])
+    one_line(e)
+    assert (tmp_path / "afile").read_text() == "mine"
