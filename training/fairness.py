@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAIRNESS_MODES = ("fixed_d_model", "iso_param", "iso_flop", "iso_time")
+STEP_BUDGETS = {"iso_flop": "flop_budget", "iso_time": "time_budget_s"}  # the modes whose budget sets max_steps
 
 
 @dataclass
@@ -33,11 +34,17 @@ class FairnessConfig:
     time_budget_s: float | None = None  # iso_time: seconds of training steps per run (eval excluded)
     calibration_steps: int = 5  # iso_time: timed steps (after one warm-up step) to measure the step time
 
+    @property
+    def step_budget(self) -> tuple[str, float] | None:
+        """(field, value) of the budget that sets the run's length under iso_flop / iso_time, else None."""
+        name = STEP_BUDGETS.get(self.mode)
+        return (name, getattr(self, name)) if name else None
+
     def validate(self, model: GPTConfig) -> None:
         if self.mode not in FAIRNESS_MODES:
             raise ValueError(f"fairness.mode={self.mode!r} is unknown; choose one of: {', '.join(FAIRNESS_MODES)}")
-        budgets = {"iso_flop": ("flop_budget", self.flop_budget), "iso_time": ("time_budget_s", self.time_budget_s)}
-        for mode, (name, value) in budgets.items():
+        for mode, name in STEP_BUDGETS.items():
+            value = getattr(self, name)
             if self.mode == mode and (value is None or not value > 0):
                 raise ValueError(f"fairness.{name}={value} is invalid; fairness.mode={mode} needs a value > 0")
             if self.mode != mode and value is not None:

@@ -162,7 +162,7 @@ class Trainer:
     def prepare(self) -> None:
         """Before the first step: fairness budgets into max_steps, DDP/FSDP wrapping, compilation."""
         cfg = self.cfg
-        if cfg.fairness.mode in ("iso_flop", "iso_time"):
+        if cfg.fairness.step_budget is not None:
             probe = self.probe()
             if cfg.compile:
                 probe.train_model = torch.compile(probe.model)

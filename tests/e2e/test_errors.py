@@ -72,12 +72,17 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("max_steps=null", r"max_steps and budget_s are both null"),
         ("sample_prompt=ZZ@", r"sample_prompt='ZZ@': the prompt cannot be encoded"),
         ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train"),
+        (
+            "fairness.mode=iso_time fairness.time_budget_s=600 budget_s=270",
+            r"budget_s=270.0 and fairness.time_budget_s=600.0 both set the run's length .*; pass budget_s=null",
+        ),
     ],
 )
 def test_bad_config_values(run, tmp_path, override, message):
-    # The one table of bad values; tests/e2e/test_nothing_lost.py runs a few through the CLI.
+    # The one table of bad values (a row may give several overrides, space-separated);
+    # tests/e2e/test_nothing_lost.py runs a few through the CLI.
     with pytest.raises(ValueError, match=message) as info:
-        run_train([*run, override])
+        run_train([*run, *override.split()])
     one_line(info)
     assert not (tmp_path / "run").exists()
 
