@@ -76,6 +76,10 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
             "fairness.mode=iso_time fairness.time_budget_s=600 budget_s=270",
             r"budget_s=270.0 and fairness.time_budget_s=600.0 both set the run's length .*; pass budget_s=null",
         ),
+        ("fairness.mode=iso_flop fairness.flop_budget=inf", r"fairness.flop_budget=inf is invalid; .* finite"),
+        ("fairness.mode=iso_time fairness.time_budget_s=inf", r"fairness.time_budget_s=inf is invalid; .* finite"),
+        ("fairness.mode=iso_time fairness.time_budget_s=nan", r"fairness.time_budget_s=nan is invalid"),
+        ("fairness.mode=iso_flop fairness.flop_budget=1e300", r"fairness.flop_budget=1e\+300 buys [\d.e+]+ steps, "),
     ],
 )
 def test_bad_config_values(run, tmp_path, override, message):

@@ -150,3 +150,12 @@ def test_a_fairness_budget_alone_sets_the_runs_length(mode, budget):
         to_train_config(compose_config(overrides))
     cfg = to_train_config(compose_config([*overrides, "budget_s=null"]))
     assert cfg.budget_s is None and cfg.max_steps is None  # prepare() sets max_steps from the budget
+
+
+def test_fairness_budgets_buy_a_sane_whole_number_of_steps():
+    # Defect: flop_budget=inf crashed converting NaN to int; 1e300 printed a 289-digit step count.
+    assert fairness.steps_for_flops(1e12, flops_per_token=1000, tokens_per_step=1000) == 1_000_000
+    with pytest.raises(ValueError, match=r"fairness.flop_budget=1e\+300 buys 1e\+294 steps, more than 1,000,000,000"):
+        fairness.steps_for_flops(1e300, flops_per_token=1000, tokens_per_step=1000)
+    with pytest.raises(ValueError, match=r"fairness.time_budget_s=1e\+12 buys 1e\+15 steps, more than"):
+        fairness.steps_for_time(1e12, seconds_per_step=1e-3)
