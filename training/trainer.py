@@ -351,6 +351,10 @@ def run_header(trainer: Trainer) -> str:
 def print_sample(trainer: Trainer) -> None:
     """A few hundred tokens from the trained model, so a run ends with something to read."""
     cfg = trainer.cfg
+    val_loss = trainer.metrics.get("val/loss", math.nan)
+    if not math.isfinite(val_loss):  # e.g. diverged under on_nonfinite=skip: its logits are NaN/inf too
+        log.warning("no end-of-run sample: the final val loss is %s", val_loss)
+        return
     model, _ = distributed.gather_for_save(
         trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
     )

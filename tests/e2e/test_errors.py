@@ -2,6 +2,7 @@
 run directory as it was: config values, data, checkpoints that do not fit, another run's
 directory, a full disk, and non-finite steps."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -263,3 +264,12 @@ def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
         run_train([*shared_corpus_overrides, f"out_dir={out}"])
     one_line(e)
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_run_ending_with_a_nonfinite_val_loss_skips_the_sample(run, caplog, capsys):
+    # Defect: the end-of-run sample crashed on the NaN logits ("probability tensor contains either inf, nan").
+    diverging = ["optim.lr=1e30", "optim.muon_lr=1e30", "on_nonfinite=skip", "model.qk_norm=false"]
+    metrics = run_train([*run, *diverging, "sample_tokens=20"])
+    assert not math.isfinite(metrics["val/loss"])
+    assert "no end-of-run sample: the final val loss is nan" in caplog.text
+    assert "--- sample ---" not in capsys.readouterr().out
