@@ -9,6 +9,7 @@ The fixed choices are strings checked by `validate()` rather than `Literal[...]`
 2.3 cannot type a field as a Literal, and an Enum would reach the checkpoint's JSON as an object.
 """
 
+import math
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: CausalSelfAttention.kernel
@@ -102,13 +103,15 @@ class GPTConfig:
             raise ValueError(
                 f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
             )
-        if not self.rope_base > 1.0:
-            raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1")
+        if not 1.0 < self.rope_base < math.inf:  # NaN fails both comparisons, here and below
+            raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1 and finite")
         if self.n_kv_head is not None and self.n_kv_head < 1:
             raise ValueError(f"model.n_kv_head={self.n_kv_head} is invalid; it must be >= 1 (or null for n_head)")
         if self.n_head % self.kv_heads:
             raise ValueError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head})")
-        if self.logit_softcap is not None and not self.logit_softcap > 0:
-            raise ValueError(f"model.logit_softcap={self.logit_softcap} is invalid; it must be > 0 (or null for off)")
-        if self.z_loss < 0:
-            raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be >= 0 (0 for off)")
+        if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
+            raise ValueError(
+                f"model.logit_softcap={self.logit_softcap} is invalid; it must be a finite number > 0 (or null for off)"
+            )
+        if not 0 <= self.z_loss < math.inf:
+            raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be a finite number >= 0 (0 for off)")

@@ -33,7 +33,9 @@ class TrainConfig:
     grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
     global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
     max_steps: int | None = 600  # optimizer steps; with budget_s, the run ends at whichever comes first
-    budget_s: float | None = None  # training wall-clock (steps + evals); the LR schedule runs on elapsed / budget
+    # training wall-clock (steps + evals); the LR schedule runs on elapsed / budget. null under iso_flop /
+    # iso_time, whose budget sets max_steps.
+    budget_s: float | None = None
     eval_interval: int = 100
     eval_batches: int = 10
     log_interval: int = 10
@@ -54,7 +56,13 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_batches", "log_interval", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; it must be >= 1")
-        if self.max_steps is None and self.budget_s is None:
+        budget = self.fairness.step_budget
+        if budget is not None and self.budget_s is not None:  # the time budget would cut the fair one short
+            raise ValueError(
+                f"budget_s={self.budget_s} and fairness.{budget[0]}={budget[1]} both set the run's length "
+                f"(fairness.mode={self.fairness.mode}); pass budget_s=null"
+            )
+        if self.max_steps is None and self.budget_s is None and budget is None:
             raise ValueError("max_steps and budget_s are both null; give max_steps=N, budget_s=SECONDS or both")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} is invalid; it must be >= 1 (or null with budget_s set)")

@@ -33,8 +33,8 @@ class DistributedConfig:
                 raise ValueError(
                     f"distributed.{name}={getattr(self, name)!r} is unknown; choose one of: {', '.join(allowed)}"
                 )
-        if not self.timeout_s > 0:
-            raise ValueError(f"distributed.timeout_s={self.timeout_s} is invalid; it must be > 0")
+        if not 0 < self.timeout_s < math.inf:  # NaN fails both comparisons
+            raise ValueError(f"distributed.timeout_s={self.timeout_s} is invalid; it must be a finite number > 0")
 
 
 @dataclass(frozen=True)

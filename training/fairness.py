@@ -9,6 +9,7 @@ The max_steps used is written to run_info.json. A resumed iso_time run measures 
 may differ: resume iso_flop."""
 
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAIRNESS_MODES = ("fixed_d_model", "iso_param", "iso_flop", "iso_time")
+STEP_BUDGETS = {"iso_flop": "flop_budget", "iso_time": "time_budget_s"}  # the modes whose budget sets max_steps
+MAX_BUDGET_STEPS = 10**9  # a budget buying more is a slip of the exponent: no run is that long
 
 
 @dataclass
@@ -33,13 +36,19 @@ class FairnessConfig:
     time_budget_s: float | None = None  # iso_time: seconds of training steps per run (eval excluded)
     calibration_steps: int = 5  # iso_time: timed steps (after one warm-up step) to measure the step time
 
+    @property
+    def step_budget(self) -> tuple[str, float] | None:
+        """(field, value) of the budget that sets the run's length under iso_flop / iso_time, else None."""
+        name = STEP_BUDGETS.get(self.mode)
+        return (name, getattr(self, name)) if name else None
+
     def validate(self, model: GPTConfig) -> None:
         if self.mode not in FAIRNESS_MODES:
             raise ValueError(f"fairness.mode={self.mode!r} is unknown; choose one of: {', '.join(FAIRNESS_MODES)}")
-        budgets = {"iso_flop": ("flop_budget", self.flop_budget), "iso_time": ("time_budget_s", self.time_budget_s)}
-        for mode, (name, value) in budgets.items():
-            if self.mode == mode and (value is None or not value > 0):
-                raise ValueError(f"fairness.{name}={value} is invalid; fairness.mode={mode} needs a value > 0")
+        for mode, name in STEP_BUDGETS.items():
+            value = getattr(self, name)
+            if self.mode == mode and (value is None or not 0 < value < math.inf):  # NaN fails both
+                raise ValueError(f"fairness.{name}={value} is invalid; fairness.mode={mode} needs a finite value > 0")
             if self.mode != mode and value is not None:
                 raise ValueError(f"fairness.{name} is set but fairness.mode={self.mode}; it is used only by {mode}")
         if self.calibration_steps < 1:
@@ -60,20 +69,24 @@ class FairnessConfig:
 
 def steps_for_flops(flop_budget: float, flops_per_token: int, tokens_per_step: int) -> int:
     """The whole number of optimizer steps that fits in `flop_budget` training FLOPs."""
-    steps = int(flop_budget // (flops_per_token * tokens_per_step))
-    if steps < 1:
-        raise ValueError(
-            f"fairness.flop_budget={flop_budget:.3g} is below one step "
-            f"({flops_per_token} FLOPs/token x {tokens_per_step} tokens/step)"
-        )
-    return steps
+    one_step = f"{flops_per_token} FLOPs/token x {tokens_per_step} tokens/step"
+    return whole_steps("flop_budget", flop_budget, flop_budget // (flops_per_token * tokens_per_step), one_step)
 
 
 def steps_for_time(time_budget_s: float, seconds_per_step: float) -> int:
-    steps = int(time_budget_s // seconds_per_step)
+    return whole_steps("time_budget_s", time_budget_s, time_budget_s // seconds_per_step, f"{seconds_per_step:.3g} s")
+
+
+def whole_steps(name: str, budget: float, steps: float, one_step: str) -> int:
+    """`steps` a budget buys, refused below one step or above MAX_BUDGET_STEPS (a typo, not a run)."""
     if steps < 1:
-        raise ValueError(f"fairness.time_budget_s={time_budget_s} is below one step ({seconds_per_step:.3g} s)")
-    return steps
+        raise ValueError(f"fairness.{name}={budget:.3g} is below one step ({one_step})")
+    if steps > MAX_BUDGET_STEPS:
+        raise ValueError(
+            f"fairness.{name}={budget:.3g} buys {steps:.3g} steps, more than {MAX_BUDGET_STEPS:,}; "
+            "give a smaller budget"
+        )
+    return int(steps)
 
 
 def max_steps_for(cfg: FairnessConfig, probe: "Trainer") -> int:

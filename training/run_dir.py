@@ -11,7 +11,8 @@
   file it could not read, never anything it does not know.
 - A fresh run refuses a directory that holds another run's files unless overwrite=true, and even then
   refuses one holding anything it cannot verify. resume=auto continues from the newest checkpoint and
-  refuses when that one cannot be read (rather than going back to an older one and overwriting it).
+  refuses when that one cannot be read (rather than going back to an older one and overwriting it);
+  with no checkpoint it starts afresh only where that replaces no run's files, as a fresh run does.
 """
 
 import contextlib
@@ -48,39 +49,54 @@ class RunDirInUse(ValueError):
 
 
 class RunLock:
-    """An exclusive lock on a run directory; `release(discard=True)` also removes a directory that
-    `acquire` created and nothing else was written to (a run refused at start-up leaves no trace)."""
+    """An exclusive lock on a run directory; `release(discard=True)` undoes what `acquire` made, the lock
+    file and the directories, when nothing else was written (a run refused at start-up leaves no trace)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.created: list[Path] = []  # the directory and the parents that acquire made, innermost first
+        self.found: set[str] = set()  # the names the directory held before acquire
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"out_dir={str(self.directory)!r} is a file, not a directory")
         missing = [self.directory, *self.directory.parents]
-        self.created = [d for d in missing[: next(i for i, d in enumerate(missing) if d.exists())]]
+        nearest = next(d for d in missing if d.exists())
+        if not nearest.is_dir():
+            where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
+            raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
+        self.created = missing[: missing.index(nearest)]
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunDirInUse(
-                f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
-        self._fd = fd
+        self.found = {p.name for p in self.directory.iterdir()}
+        self._fd = self._open_locked()
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
         return self
+
+    def _open_locked(self) -> int:
+        """The lock file, flocked. A refused run unlinks the lock file it made: one opened just before
+        that is no longer the directory's, so it is opened again."""
+        path = self.directory / LOCK
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RunDirInUse(
+                    f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return fd
+            os.close(fd)
 
     def release(self, discard: bool = False) -> None:
         if self._fd is None:
             return
-        if discard and self.created and {p.name for p in self.directory.iterdir()} <= {LOCK}:
-            (self.directory / LOCK).unlink(missing_ok=True)
+        if discard and {p.name for p in self.directory.iterdir()} <= self.found | {LOCK}:
+            if LOCK not in self.found:  # while still held: a run that opened it meanwhile opens it again
+                (self.directory / LOCK).unlink(missing_ok=True)
             for made in self.created:
                 with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
                     made.rmdir()
@@ -114,19 +130,21 @@ class CheckpointDir:
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            held = run_files(self.directory.parent)
-            if held and not overwrite:
+            if held := self._files_in_the_way(overwrite):
                 raise ValueError(
-                    f"{self.directory.parent} already holds another run's files ({', '.join(held[:4])}); "
+                    f"{self.directory.parent} already holds another run's files ({held}); "
                     "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
+                )
+            path, step = None, -1
+        elif resume == "auto" and self.latest() is None:  # e.g. a run killed before its first save
+            if held := self._files_in_the_way(overwrite):
+                raise ValueError(
+                    f"resume=auto: {self.directory.parent} holds another run's files ({held}) but no checkpoint "
+                    "to continue from; pass overwrite=true to start afresh, or another out_dir"
                 )
             path, step = None, -1
         elif resume == "auto":
             path = self.latest()
-            if path is None:
-                if self.directory.is_dir() and any(self.directory.iterdir()):
-                    raise ValueError(f"resume=auto: {self.directory} holds no step checkpoint to continue from")
-                return None
             try:
                 load_checkpoint(path)
             except ValueError as e:
@@ -152,8 +170,13 @@ class CheckpointDir:
         self.adopt(keep_up_to=step)
         return path
 
+    def _files_in_the_way(self, overwrite: bool) -> str:
+        """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""
+        return "" if overwrite else ", ".join(run_files(self.directory.parent)[:4])
+
     def _holds(self, path: Path) -> bool:
-        return path.resolve().parent == self.directory.resolve()
+        """`path` is listed in this directory (a symlink there too: its name is its step here)."""
+        return path.absolute().parent.resolve() == self.directory.resolve()
 
     def adopt(self, keep_up_to: int) -> None:
         """Take ownership of the files this run will replace: checkpoints after `keep_up_to` (and best,
@@ -184,6 +207,11 @@ class CheckpointDir:
         except ValueError as e:
             raise ValueError(f"{what} ({e}); move it away first") from None
 
+    def history_kept(self, resume_from: Path | None, step: int) -> int:
+        """The last step of this directory's records that the run continues: `step` when it resumes one of
+        its checkpoints, else -1 (a fresh run, or a foreign checkpoint's, starts the records afresh)."""
+        return step if resume_from is not None and self._holds(resume_from) else -1
+
     def start(self, resume_from: Path | None, step: int) -> None:
         """Before the first step: drop temp files of killed saves and the owned checkpoints this run
         replaces (those after the step it continues from)."""
@@ -192,7 +220,7 @@ class CheckpointDir:
         for tmp in self.directory.glob(".*.tmp-*"):
             log.info("removing %s, left by an interrupted save", tmp)
             tmp.unlink(missing_ok=True)
-        keep_up_to = step if resume_from is not None and self._holds(resume_from) else -1
+        keep_up_to = self.history_kept(resume_from, step)
         for name in sorted(self.owned):
             path = self.directory / name
             if (checkpoint_step(path) or -1) > keep_up_to or (name == BEST and keep_up_to < 0):
@@ -229,7 +257,8 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def trim_metrics(path: Path, step: int) -> None:
-    """Keep only records up to `step` (and no torn last line), so a resumed run logs each step once."""
+    """Keep only records up to `step` (and no torn last line), so a resumed run logs each step once;
+    step -1 keeps none (a record without a step counts as step 0)."""
     if not path.is_file():
         return
     kept = []

@@ -162,7 +162,7 @@ class Trainer:
     def prepare(self) -> None:
         """Before the first step: fairness budgets into max_steps, DDP/FSDP wrapping, compilation."""
         cfg = self.cfg
-        if cfg.fairness.mode in ("iso_flop", "iso_time"):
+        if cfg.fairness.step_budget is not None:
             probe = self.probe()
             if cfg.compile:
                 probe.train_model = torch.compile(probe.model)
@@ -217,6 +217,8 @@ class Trainer:
 
     def finished(self, now: float, clock: "Clock") -> bool:
         """At the end (max_steps or budget_s), or one more step and the last evaluation would overrun budget_s."""
+        if self.state.step == 0:  # a run saves at least one step, so a budget too short for one overruns by it
+            return False
         over = bool(self.cfg.budget_s) and now + clock.step_s + clock.eval_s >= self.cfg.budget_s
         return over or self.progress(now) >= 1.0
 
@@ -319,7 +321,7 @@ def start_records(trainer: Trainer) -> MetricsLogger | None:
 
     def start_run_dir() -> None:
         trainer.checkpoints.start(trainer.resume_path, state.step)
-        trim_metrics(out_dir / METRICS, state.step)
+        trim_metrics(out_dir / METRICS, trainer.checkpoints.history_kept(trainer.resume_path, state.step))
         log_to_file(out_dir / "train.log")
         write_config(out_dir / "config.yaml", asdict(cfg))
 
@@ -349,6 +351,10 @@ def run_header(trainer: Trainer) -> str:
 def print_sample(trainer: Trainer) -> None:
     """A few hundred tokens from the trained model, so a run ends with something to read."""
     cfg = trainer.cfg
+    val_loss = trainer.metrics.get("val/loss", math.nan)
+    if not math.isfinite(val_loss):  # e.g. diverged under on_nonfinite=skip: its logits are NaN/inf too
+        log.warning("no end-of-run sample: the final val loss is %s", val_loss)
+        return
     model, _ = distributed.gather_for_save(
         trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
     )

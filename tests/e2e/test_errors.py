@@ -2,6 +2,7 @@
 run directory as it was: config values, data, checkpoints that do not fit, another run's
 directory, a full disk, and non-finite steps."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -72,12 +73,28 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("max_steps=null", r"max_steps and budget_s are both null"),
         ("sample_prompt=ZZ@", r"sample_prompt='ZZ@': the prompt cannot be encoded"),
         ("model.d_model=1000000", r"needs about [\d,.]+ GiB to train"),
+        ("model.z_loss=nan", r"model.z_loss=nan is invalid; it must be a finite number >= 0"),
+        ("model.z_loss=inf", r"model.z_loss=inf is invalid"),
+        ("model.rope_base=inf", r"model.rope_base=inf is invalid; it must be > 1 and finite"),
+        ("model.logit_softcap=inf", r"model.logit_softcap=inf is invalid; it must be a finite number > 0"),
+        ("model.dropout=nan", r"model.dropout=nan is invalid"),
+        ("distributed.timeout_s=inf", r"distributed.timeout_s=inf is invalid; it must be a finite number > 0"),
+        ("data.val_fraction=nan", r"data.val_fraction=nan must be strictly between 0 and 1"),
+        (
+            "fairness.mode=iso_time fairness.time_budget_s=600 budget_s=270",
+            r"budget_s=270.0 and fairness.time_budget_s=600.0 both set the run's length .*; pass budget_s=null",
+        ),
+        ("fairness.mode=iso_flop fairness.flop_budget=inf", r"fairness.flop_budget=inf is invalid; .* finite"),
+        ("fairness.mode=iso_time fairness.time_budget_s=inf", r"fairness.time_budget_s=inf is invalid; .* finite"),
+        ("fairness.mode=iso_time fairness.time_budget_s=nan", r"fairness.time_budget_s=nan is invalid"),
+        ("fairness.mode=iso_flop fairness.flop_budget=1e300", r"fairness.flop_budget=1e\+300 buys [\d.e+]+ steps, "),
     ],
 )
 def test_bad_config_values(run, tmp_path, override, message):
-    # The one table of bad values; tests/e2e/test_nothing_lost.py runs a few through the CLI.
+    # The one table of bad values (a row may give several overrides, space-separated);
+    # tests/e2e/test_nothing_lost.py runs a few through the CLI.
     with pytest.raises(ValueError, match=message) as info:
-        run_train([*run, override])
+        run_train([*run, *override.split()])
     one_line(info)
     assert not (tmp_path / "run").exists()
 
@@ -237,3 +254,22 @@ def test_cli_refuses_another_runs_directory_in_one_line(run, tmp_path):
         .endswith("pass resume=auto to continue it, overwrite=true to replace it, or another out_dir")
     )
     assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "checkpoints").iterdir()} == before
+
+
+def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
+    # Defect: it said only "[Errno 20] Not a directory", naming no key.
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub"
+    with pytest.raises(ValueError, match=rf"out_dir='{out}' is under a file \({tmp_path / 'afile'}\), not a dir") as e:
+        run_train([*shared_corpus_overrides, f"out_dir={out}"])
+    one_line(e)
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_run_ending_with_a_nonfinite_val_loss_skips_the_sample(run, caplog, capsys):
+    # Defect: the end-of-run sample crashed on the NaN logits ("probability tensor contains either inf, nan").
+    diverging = ["optim.lr=1e30", "optim.muon_lr=1e30", "on_nonfinite=skip", "model.qk_norm=false"]
+    metrics = run_train([*run, *diverging, "sample_tokens=20"])
+    assert not math.isfinite(metrics["val/loss"])
+    assert "no end-of-run sample: the final val loss is nan" in caplog.text
+    assert "--- sample ---" not in capsys.readouterr().out

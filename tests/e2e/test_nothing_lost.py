@@ -128,6 +128,8 @@ def test_a_symlinked_checkpoint_and_what_it_points_to_survive_a_resume(corpus_ar
     run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=30", "keep_last=1"])
     assert (ckpts / "step_0000010.safetensors").is_symlink() and elsewhere.read_bytes() == kept
     assert (ckpts / "step_0000030.safetensors").is_file() and (ckpts / "best.safetensors").is_file()
+    steps = [json.loads(line)["step"] for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 5 and steps[-1] == 30  # it continued the run's records, not a fresh run's
 
 
 def test_a_fresh_run_refuses_a_directory_holding_only_best(corpus_args, finished_run):
@@ -296,3 +298,69 @@ def test_ctrl_c_while_an_entry_point_starts_exits_130_without_a_traceback_or_a_r
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, "Traceback" in err, out.exists()) == (130, False, False), err[-2000:]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"config.yaml": "my precious config\n", "metrics.jsonl": '{"step": 3}\n'},  # a user's project
+        {"config.yaml": "model: {}\n", "run_info.json": "{}", "train.log": "step 1\n"},  # SIGKILLed before a save
+    ],
+)
+def test_resume_auto_refuses_run_files_without_a_checkpoint_and_keeps_them(corpus_args, tmp_path, files):
+    # Defect: with no checkpoints/ resume=auto started a fresh run and overwrote config.yaml and metrics.jsonl.
+    out = tmp_path / "proj"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    before = checksums(out)
+    with pytest.raises(ValueError, match=r"resume=auto: .*proj holds another run's files \(.*config\.yaml.*\) but no "
+                       r"checkpoint to continue from; pass overwrite=true to start afresh"):  # fmt: skip
+        run_train([*corpus_args, f"out_dir={out}", "resume=auto"])
+    assert checksums(out) == before
+    run_train([*corpus_args, f"out_dir={out}", "resume=auto", "overwrite=true", "max_steps=2", "sample_tokens=0"])
+    assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_resume_auto_in_a_sweep_job_directory_or_an_empty_one_starts_afresh(corpus_args, tmp_path):
+    job = tmp_path / "job"  # what Hydra writes into a sweep job's directory before the run starts
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (job / "train.log").write_text("")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (job, empty, tmp_path / "new"):
+        run_train([*corpus_args, f"out_dir={out}", "resume=auto", "max_steps=2", "sample_tokens=0"])
+        assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
+    # Defect: trim_metrics(path, 0) kept the old run's step-0 record and any record without a step.
+    (finished_run / "metrics.jsonl").write_text('{"step": 0, "val/loss": 99.0}\n{"note": "old"}\n')
+    run_train([*corpus_args, f"out_dir={finished_run}", "overwrite=true", "max_steps=2", "sample_tokens=0"])
+    records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert records and all(0 < record["step"] <= 2 for record in records)
+
+
+def test_a_refused_start_in_an_existing_directory_leaves_no_lock_file(corpus_args, tmp_path):
+    # Defect: the refused run's .lock stayed in the user's directory.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already holds another run's files"):
+        run_train([*corpus_args, f"out_dir={mine}"])
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_a_discarded_lock_removes_only_a_lock_file_it_made_beside_nothing_new(tmp_path):
+    kept = tmp_path / "kept"  # a former run's lock file is that run's
+    kept.mkdir()
+    (kept / ".lock").write_text("pid 1: train.py\n")
+    RunLock(kept).acquire().release(discard=True)
+    assert (kept / ".lock").exists()
+    written = tmp_path / "written"  # the run wrote something: its lock stays with it
+    written.mkdir()
+    lock = RunLock(written).acquire()
+    (written / "config.yaml").write_text("x")
+    lock.release(discard=True)
+    assert sorted(p.name for p in written.iterdir()) == [".lock", "config.yaml"]

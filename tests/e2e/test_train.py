@@ -127,3 +127,11 @@ def test_compiled_training_matches_eager(tiny_run_overrides, tmp_path):
     run_train([*tiny_run_overrides, *steps, "compile=true", f"out_dir={tmp_path / 'compiled'}"])
     eager, compiled = logged(tmp_path, "train/loss"), logged(tmp_path, "train/loss", "compiled")
     assert len(eager) == 6 and max(abs(a - b) for a, b in zip(eager, compiled, strict=True)) < 1e-4
+
+
+def test_a_budget_too_small_for_a_step_still_trains_and_saves_one(tiny_run_overrides, tmp_path):
+    # Defect: it trained 0 steps, and its closing lines pointed at a best.safetensors that did not exist.
+    run_train([*tiny_run_overrides, "budget_s=1e-9", "sample_tokens=0"])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 1
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["best.safetensors", "step_0000001.safetensors"]

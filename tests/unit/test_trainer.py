@@ -137,3 +137,25 @@ def test_split_loss_scores_every_token_once(tmp_path):
         y = torch.from_numpy(tokens[start + 1 : start + 1 + length].astype("int64"))[None]
         by_hand += model(x, y)[1].item() * length
     assert split_loss(model, tokens, 32, torch.device("cpu"), batch_size=2) == pytest.approx(by_hand / 100, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode,budget", [("iso_flop", "flop_budget=1e9"), ("iso_time", "time_budget_s=600")])
+def test_a_fairness_budget_alone_sets_the_runs_length(mode, budget):
+    # Defect: the default config's budget_s=270 silently capped an iso_flop / iso_time run.
+    from cli.config import to_train_config
+    from tests.helpers import compose_config
+
+    overrides = [f"fairness.mode={mode}", f"fairness.{budget}", "out_dir=x"]
+    with pytest.raises(ValueError, match=rf"budget_s=270.0 and fairness\.{budget.split('=')[0]}=.*budget_s=null"):
+        to_train_config(compose_config(overrides))
+    cfg = to_train_config(compose_config([*overrides, "budget_s=null"]))
+    assert cfg.budget_s is None and cfg.max_steps is None  # prepare() sets max_steps from the budget
+
+
+def test_fairness_budgets_buy_a_sane_whole_number_of_steps():
+    # Defect: flop_budget=inf crashed converting NaN to int; 1e300 printed a 289-digit step count.
+    assert fairness.steps_for_flops(1e12, flops_per_token=1000, tokens_per_step=1000) == 1_000_000
+    with pytest.raises(ValueError, match=r"fairness.flop_budget=1e\+300 buys 1e\+294 steps, more than 1,000,000,000"):
+        fairness.steps_for_flops(1e300, flops_per_token=1000, tokens_per_step=1000)
+    with pytest.raises(ValueError, match=r"fairness.time_budget_s=1e\+12 buys 1e\+15 steps, more than"):
+        fairness.steps_for_time(1e12, seconds_per_step=1e-3)
