@@ -167,6 +167,11 @@ class CheckpointDir:
                     f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
                     "pass overwrite=true to replace them, or resume=auto for the newest"
                 )
+            if not self._holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
+                raise ValueError(
+                    f"{self.directory.parent} already holds another run's files ({held}), which {path.name} "
+                    "does not continue; pass overwrite=true to replace them, or another out_dir"
+                )
         self.adopt(keep_up_to=step)
         return path
 

@@ -334,6 +334,23 @@ def test_resume_auto_in_a_sweep_job_directory_or_an_empty_one_starts_afresh(corp
         assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
 
 
+def test_resume_path_from_another_directory_refuses_run_files_without_a_checkpoint(corpus_args, finished_run, tmp_path):
+    # Defect: a foreign checkpoint resumed into a directory holding a run killed before its first save
+    # overwrote its config.yaml and emptied its metrics.jsonl (no newer checkpoint stood in the way).
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / "config.yaml").write_text("my precious config\n")
+    (out / "metrics.jsonl").write_text('{"step": 3}\n')
+    before = checksums(out)
+    foreign = f"resume={finished_run / 'checkpoints' / 'step_0000010.safetensors'}"
+    with pytest.raises(ValueError, match=r"proj already holds another run's files \(config\.yaml, metrics\.jsonl\), "
+                       r"which step_0000010\.safetensors does not continue; pass overwrite=true"):  # fmt: skip
+        run_train([*corpus_args, f"out_dir={out}", foreign])
+    assert checksums(out) == before
+    run_train([*corpus_args, f"out_dir={out}", foreign, "overwrite=true", "max_steps=12", "sample_tokens=0"])
+    assert (out / "checkpoints" / "step_0000012.safetensors").is_file()
+
+
 def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
     # Defect: trim_metrics(path, 0) kept the old run's step-0 record and any record without a step.
     (finished_run / "metrics.jsonl").write_text('{"step": 0, "val/loss": 99.0}\n{"note": "old"}\n')

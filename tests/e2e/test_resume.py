@@ -118,7 +118,8 @@ def wait_for_step(proc: subprocess.Popen, out_dir: Path, step: int, timeout: flo
 def test_sigkill_and_sigterm_at_random_steps_resume_to_identical_losses(run_overrides, tmp_path, reference):
     """The real CLI, killed from outside at random steps (mid-step, mid-eval, mid-save)."""
     out_dir = tmp_path / "run"
-    overrides = [*run_overrides, "resume=auto"]
+    # A preemptible job's relaunch: the newest checkpoint, or afresh over a run killed before its first save.
+    overrides = [*run_overrides, "resume=auto", "overwrite=true"]
     rng = random.Random(5)
     stops = []
     for i, signum in enumerate([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM]):
