@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.run_dir import CheckpointDir, RunDirInUse
+from training.run_dir import BEST, CheckpointDir, RunDirInUse, find_checkpoint
 
 OUTPUTS = Path("outputs")
 
@@ -158,16 +158,26 @@ def new_end(far: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
     return ("max_steps",), f"max_steps=N  (a total, more than the {far['step']:,} steps trained{budget})"
 
 
+def checkpoint_line(out_dir: Path) -> str:
+    """The checkpoint sample.py will read for this run: best.safetensors, or the newest step checkpoint of
+    a run that never saved a best (every evaluation non-finite, as a diverged run under on_nonfinite=skip)."""
+    try:
+        path = find_checkpoint(out_dir)
+    except FileNotFoundError:
+        return "no checkpoint"
+    return f"best checkpoint: {path}" if path.name == BEST else f"checkpoint (no best: no finite val loss): {path}"
+
+
 def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
     """Where the run is, and the exact commands to sample from it and to continue it."""
     out = shlex.quote(str(out_dir))
-    best = out_dir / "checkpoints" / "best.safetensors"
+    checkpoint = checkpoint_line(out_dir)
     val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""
     dropped, end = new_end(how_far(out_dir))
     return "\n".join(
         [
             f"done: {val}run directory {out_dir}",
-            f"  best checkpoint: {best}",
+            f"  {checkpoint}",
             f'  sample:   python scripts/sample.py {out} "ROMEO:"',
             f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
             f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
@@ -176,14 +186,22 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
 
 
 class SweepHint(Callback):
-    """After a multirun: the sweep folder and the report command (Hydra calls it once, at the end)."""
+    """After a multirun: the sweep folder and the report command. Hydra calls `on_multirun_end` only when
+    every job succeeded; when one failed it raises that job's error once all have run, and train.py
+    prints `sweep_hint(SweepHint.sweep_dir, failed=True)` before it."""
+
+    sweep_dir: str | None = None  # the running sweep's folder, set when it starts
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepHint.sweep_dir = str(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep = shlex.quote(str(config.hydra.sweep.dir))
-        print(
-            f"sweep done: {config.hydra.sweep.dir}\n  report: python scripts/ablation_report.py {sweep}",
-            file=sys.stderr,
-        )
+        print(sweep_hint(str(config.hydra.sweep.dir)), file=sys.stderr)
+
+
+def sweep_hint(sweep_dir: str, failed: bool = False) -> str:
+    done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
+    return f"{done}: {sweep_dir}\n  report: python scripts/ablation_report.py {shlex.quote(sweep_dir)}"
 
 
 def help_text(config_dir: Path) -> str:

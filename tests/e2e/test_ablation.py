@@ -178,3 +178,20 @@ def test_a_paper_recipe_runs_end_to_end_into_its_report(tiny_run_overrides, tmp_
     assert "Swept keys (every config value that differs across the runs): model.n_head." in report
     assert "Fairness: iso_param" in report and "## Vaswani et al. 2017, Table 3 (A)" in report
     assert "| one head is clearly worse than the best head count | model.n_head=" in report
+
+
+def test_a_sweep_with_a_failed_job_still_ends_with_its_folder_and_the_report_command(tiny_run_overrides, tmp_path):
+    # Defect: Hydra raises a failed job's error instead of calling on_multirun_end, so the sweep ended
+    # without the hint; the other job still runs, and the error stays the last line.
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + ["max_steps=2", "sample_tokens=0"]
+    cmd = [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep}", "model.n_head=1,3"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-3:] == [
+        f"sweep done, with failed jobs (the report lists them): {sweep}",
+        f"  report: python scripts/ablation_report.py {sweep}",
+        "error: model.d_model (32) must be divisible by model.n_head (3) when model.d_k is not set",
+    ]
+    assert (sweep / "0" / "checkpoints" / "step_0000002.safetensors").is_file()

@@ -86,6 +86,18 @@ def test_without_a_readable_checkpoint_the_line_leaves_both_ends_to_choose(tmp_p
     )
 
 
+def test_the_closing_lines_name_the_checkpoint_there_is(tmp_path):
+    # Defect: a run that never saved a best (a NaN val loss at every evaluation) was pointed at a
+    # best.safetensors that did not exist.
+    run = finished_run(tmp_path / "run", step=20, elapsed_s=4.0, max_steps=20, budget_s=None)
+    (line,) = [
+        line for line in closing_lines(run, {}, []).splitlines() if "checkpoint" in line and "continue" not in line
+    ]
+    assert line == f"  checkpoint (no best: no finite val loss): {run / 'checkpoints' / 'step_0000020.safetensors'}"
+    (run / "checkpoints" / "best.safetensors").write_bytes(b"")
+    assert f"  best checkpoint: {run / 'checkpoints' / 'best.safetensors'}" in closing_lines(run, {}, []).splitlines()
+
+
 def newest_step(run: Path) -> int:
     return max(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.safetensors"))
 
