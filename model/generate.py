@@ -217,14 +217,12 @@ def stream_text(
     character is whole (and flushed at the end, whatever it is). generator: as in stream_tokens.
     """
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    new_ids: list[int] = []
-    printed = ""
-    for next_id in stream_tokens(model, idx, params, generator):
-        new_ids.append(int(next_id[0]))
-        text = tokenizer.decode(new_ids)
-        if not text.endswith("\ufffd") and len(text) > len(printed):
-            yield text[len(printed) :]
-            printed = text
-    text = tokenizer.decode(new_ids)
-    if text[len(printed) :]:
-        yield text[len(printed) :]
+    pending: list[int] = []  # ids since the last whole piece: only they are decoded again, so a long
+    for next_id in stream_tokens(model, idx, params, generator):  # sample costs linear, not quadratic, time
+        pending.append(int(next_id[0]))
+        text = tokenizer.decode(pending)
+        if text and not text.endswith("\ufffd"):
+            yield text
+            pending = []
+    if pending and (text := tokenizer.decode(pending)):
+        yield text

@@ -133,6 +133,27 @@ def test_stream_text_pieces_join_to_the_decoded_tokens(model):
     assert "".join(pieces) == tok.decode(ids) and len(pieces) == 12
 
 
+class ByteTokenizer:
+    """Ids are UTF-8 bytes, decoded as byte-level BPE decodes; records the longest list it decoded."""
+
+    longest = 0
+
+    def decode(self, ids: list[int]) -> str:
+        self.longest = max(self.longest, len(ids))
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_stream_text_holds_a_split_character_back_and_decodes_only_the_ids_since_the_last_piece(model, monkeypatch):
+    # Defect: every token decoded the whole continuation again, so a long sample took quadratic time.
+    text = "héllo ✓ wörld 🙂 " * 20
+    ids = list(text.encode())
+    monkeypatch.setattr("model.generate.stream_tokens", lambda *args: iter(torch.tensor([[i]]) for i in ids))
+    tok = ByteTokenizer()
+    pieces = list(stream_text(model, tok, [1], SamplingParams(max_new_tokens=len(ids))))
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    assert tok.longest == 4  # the 4 bytes of 🙂, never the whole continuation
+
+
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("huge,use_cache", [(10**12, True), (10**20, False)])  # 8 TB of buffer; past int64
 def test_a_huge_max_new_tokens_streams_tokens_that_see_the_last_block_size(model, huge, use_cache):
