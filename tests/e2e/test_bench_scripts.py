@@ -1,5 +1,6 @@
 """The benchmark scripts run and report what they claim (tiny shapes; no speed is asserted)."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -85,4 +86,6 @@ def test_loop_overhead_pairs_each_round_of_the_whole_loop_with_the_bare_step(tin
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
     job = {"overrides": overrides, "compile": False, "precision": "fp32", "warmup": 1}
     result = bench_train.loop_overhead(job | {"rounds": 2, "loop_steps": 10})
-    assert len(result["overheads"]) == 2 and all(-1 < o < 1 for o in result["overheads"])
+    # One ratio a round, from two positive rates; its size is the benchmark's to report, not a test's to
+    # bound: 10 tiny steps beside another test worker on 2 cores swung it from +0.39 to -1.40 in one run.
+    assert len(result["overheads"]) == 2 and all(math.isfinite(o) and o < 1 for o in result["overheads"])
