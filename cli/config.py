@@ -35,18 +35,10 @@ def compose_configs(overrides: list[str], config_dir: Path = CONFIG_DIR) -> Dict
 
 def default_run_values(config_dir: Path = CONFIG_DIR) -> dict[str, object]:
     """{dotted key: value} of the config a bare `python train.py` runs (configs/*.yaml over the schema)."""
+    from analysis.sweep import flatten  # here: only --help needs it, not every run's start-up
+
     composed = OmegaConf.to_container(compose_configs([], config_dir), resolve=True, throw_on_missing=False)
     return flatten(composed)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat |= flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:

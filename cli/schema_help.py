@@ -117,6 +117,8 @@ def show_default(value: object) -> str:
         return str(value).lower()
     if isinstance(value, str):
         return repr(value)
+    if isinstance(value, tuple):  # a list, flattened to a tuple (analysis.sweep.flatten): shown as typed
+        return str(list(value))
     return str(value)
 
 
