@@ -130,10 +130,7 @@ def last_error(log_path: Path) -> str | None:
 
 def hydra_config(run_dir: Path) -> dict[str, Any]:
     """The flattened config Hydra saved for a job, for runs that never wrote run_info.json."""
-    path = run_dir / ".hydra" / "config.yaml"
-    if not path.is_file():
-        return {}
-    tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    tree = read_yaml(run_dir / ".hydra" / "config.yaml")
     return flatten(tree) if isinstance(tree, dict) else {}
 
 
