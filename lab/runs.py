@@ -16,8 +16,12 @@ CURVE_KEYS = ("train/loss", "val/loss")
 
 
 def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) per metric key of CURVE_KEYS that the run logged."""
-    records = sweep.read_jsonl(run_dir / METRICS)
+    """(step, value) per metric key of CURVE_KEYS that the run logged; ValueError naming the file when
+    the OS will not let it be read (permissions, I/O)."""
+    try:
+        records = sweep.read_jsonl(run_dir / METRICS)
+    except OSError as e:
+        raise ValueError(f"{METRICS} of {str(run_dir)!r} cannot be read ({e.strerror or e})") from None
     out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
     return {key: points for key, points in out.items() if points}
 
@@ -63,6 +67,14 @@ def view(path: str | Path) -> dict[str, Any]:
     return {
         "kind": "sweep",
         "path": str(root),
-        "runs": [{"name": str(r.path.relative_to(root)), "status": r.status, "curves": curves(r.path)} for r in found],
+        "runs": [
+            # an unreadable run is listed with its error in the table below, and has no curves to draw
+            {
+                "name": str(r.path.relative_to(root)),
+                "status": r.status,
+                "curves": {} if r.status == sweep.UNREADABLE else curves(r.path),
+            }
+            for r in found
+        ],
         **sweep_tables(root, found),
     }

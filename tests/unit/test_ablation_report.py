@@ -215,3 +215,29 @@ def test_a_plan_from_the_sweepers_params_counts_the_recipes_jobs(tmp_path):
     (tmp_path / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n{params}{task}")
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "multirun.yaml plans 6 jobs and 1 has a job directory: 5 never started" in report
+
+
+def test_a_record_file_that_cannot_be_read_makes_an_unreadable_run_not_a_traceback(tmp_path, monkeypatch):
+    """A permission or I/O error on one run's files (another user's run, a flaky mount) lists that run,
+    naming the file, and the report and the lab's Runs view go on (it was an OSError traceback / a 500)."""
+    from lab import runs as lab_runs
+
+    lr_sweep(tmp_path / "sweep")
+    locked = write_fake_run(tmp_path / "sweep" / "locked", config(3, "x", lr=1e-2), 1.0)
+    real_read_text = Path.read_text
+
+    def read_text(path: Path, *args, **kwargs) -> str:
+        if path.parent == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    runs = {r.path.name: r for r in find_runs(tmp_path / "sweep")}
+    assert runs["locked"].status == UNREADABLE
+    assert runs["locked"].error.startswith("metrics.jsonl cannot be read (Permission denied)")
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert f"| locked | null | null | {UNREADABLE} | — | metrics.jsonl cannot be read (Permission denied);" in report
+    view = lab_runs.view(tmp_path / "sweep")
+    assert {r["name"]: r["curves"] for r in view["runs"]}["locked"] == {}
+    with pytest.raises(ValueError, match=r"^metrics.jsonl of .*locked' cannot be read \(Permission denied\)$"):
+        lab_runs.view(locked)
