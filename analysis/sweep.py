@@ -124,7 +124,11 @@ def last_error(log_path: Path) -> str | None:
         return None
     for i in range(len(lines) - 1, -1, -1):
         if "][ERROR] - " in lines[i]:
-            tail = [line for line in lines[i + 1 :] if line.strip() and not line.startswith("[")]
+            tail = []  # the record's own continuation lines (a traceback), up to the next record
+            for line in lines[i + 1 :]:
+                if line.startswith("["):
+                    break
+                tail += [line] if line.strip() else []
             return tail[-1].strip() if tail else lines[i].split("][ERROR] - ", 1)[1]
     return None
 

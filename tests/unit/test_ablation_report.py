@@ -241,3 +241,22 @@ def test_a_record_file_that_cannot_be_read_makes_an_unreadable_run_not_a_traceba
     assert {r["name"]: r["curves"] for r in view["runs"]}["locked"] == {}
     with pytest.raises(ValueError, match=r"^metrics.jsonl of .*locked' cannot be read \(Permission denied\)$"):
         lab_runs.view(locked)
+
+
+def test_a_jobs_error_is_its_own_record_not_a_later_lines_text(tmp_path):
+    """The error column reads the ERROR record and, for a logged traceback, its last line; the lines of
+    records logged after it (a multi-line INFO of a later job in the same log) are not that error."""
+    from analysis.sweep import last_error
+
+    stamp = "[2026-01-01 00:00:00,000]"
+    log = tmp_path / "train.log"
+    log.write_text(
+        f"{stamp}[train][ERROR] - out_dir holds another run's files\n"
+        f"{stamp}[training.trainer][INFO] - model 0.16M params\nrun directory sweep/3 (full config: config.yaml)\n"
+    )
+    assert last_error(log) == "out_dir holds another run's files"
+    log.write_text(
+        f"{stamp}[train][ERROR] - training failed\nTraceback (most recent call last):\n  File x\nRuntimeError: boom\n"
+        f"{stamp}[train][INFO] - shutting down\nsecond line\n"
+    )
+    assert last_error(log) == "RuntimeError: boom"
