@@ -24,6 +24,7 @@ from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, planned_jobs, varying_keys
+from cli.schema_help import OneLineParser
 
 log = logging.getLogger("ablation_report")
 
@@ -74,7 +75,7 @@ def write_report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
@@ -83,12 +84,16 @@ def main() -> None:
         f"put a paper's results beside ours. The sweep must vary exactly the paper's keys ({needs}); one that "
         "lacks them or also varies another key is refused, naming it (report a folder with one value of it)"
     )
-    parser.add_argument("--paper", default=None, help=paper_help)
+    parser.add_argument("--paper", default=None, choices=list(PAPERS), help=paper_help)
     args = parser.parse_args()
+    try:
+        parse_reference(args.reference)
+    except ValueError as e:  # a bad command line: argparse's one line and status 2
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         write_report(args.sweep_dir, args.out, args.reference, args.paper)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, name too long)
         sys.exit(f"error: {e}")
 
 

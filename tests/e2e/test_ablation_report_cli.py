@@ -1,4 +1,5 @@
-"""scripts/ablation_report.py on bad input: one `error:` line on stderr, exit 1, nothing written; and
+"""scripts/ablation_report.py on bad input: one `error:` line on stderr, exit 1 (2 for a bad command line),
+nothing written; and
 on runs whose records are cut short or lack a final loss: those runs listed, the report written."""
 
 import json
@@ -47,7 +48,18 @@ BAD = {
     "a metrics line 5": (metrics_line_5, r"s1/metrics.jsonl line 2 is '5'; each line must be a JSON object"),
     "a run_info.json of []": (run_info_list, r"s0/run_info.json holds a JSON list; a run record must be a JSON object"),
     "a bad --reference": (lambda root: [str(sweep_of_two(root)), "--reference", "n_head"], r"--reference 'n_head'"),
+    "an unknown --paper": (
+        lambda root: [str(sweep_of_two(root)), "--paper", "vaswani"],
+        r"argument --paper: invalid choice: 'vaswani' \(choose from 'vaswani_a', 'vaswani_b', 'bhojanapalli', 'gqa'\)",
+    ),
+    "an unknown flag": (lambda root: [str(sweep_of_two(root)), "--outt", "x"], r"unrecognized arguments: --outt x"),
+    "an --out the OS refuses": (
+        lambda root: [str(sweep_of_two(root)), "--out", str(root / ("x" * 300))],
+        r"^error: .*File name too long: '.*xxx'$",
+    ),
 }
+# A bad command line exits 2 (argparse's status), bad input it reads or writes 1.
+COMMAND_LINE = {"a bad --reference", "an unknown --paper", "an unknown flag"}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -56,7 +68,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, case):
     args = make(tmp_path)
     before = snapshot(tmp_path)
     done = run_cli(["scripts/ablation_report.py", *args])
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == (2 if case in COMMAND_LINE else 1), done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
     assert re.search(message, lines[0]), lines[0]
