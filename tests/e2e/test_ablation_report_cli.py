@@ -39,6 +39,12 @@ def a_regular_file(root: Path) -> list[str]:
     return [str(root / "notes.txt")]
 
 
+def existing_report(root: Path) -> list[str]:
+    (root / "mine").mkdir()
+    (root / "mine" / "ablation.md").write_text("my notes")
+    return [str(sweep_of_two(root)), "--out", str(root / "mine")]
+
+
 BAD = {
     "a regular file": (a_regular_file, r"notes.txt' is a file; give a sweep directory"),
     "a missing path": (
@@ -56,6 +62,10 @@ BAD = {
     "an --out the OS refuses": (
         lambda root: [str(sweep_of_two(root)), "--out", str(root / ("x" * 300))],
         r"^error: .*File name too long: '.*xxx'$",
+    ),
+    "an --out holding a report": (
+        existing_report,
+        r"^error: --out '.*/mine/ablation.md' already exists; pass --force to replace it$",
     ),
 }
 # A bad command line exits 2 (argparse's status), bad input it reads or writes 1.
@@ -86,3 +96,18 @@ def test_cut_short_and_metric_less_summaries_are_listed_and_the_report_goes_on(t
     assert "| cut | 2 | unreadable | 10 | summary.json is not valid JSON" in report
     assert "| resumed | 3 | completed without a final val/loss | 10 |" in report
     assert "| 1.5500 [0.9147, 2.1853] | reference |" in report  # the two good seeds: 1.55 ± 12.706 * 0.0707 / √2
+
+
+def test_an_earlier_report_is_replaced_only_in_its_own_sweep_or_with_force(tmp_path):
+    """The README's rule for every tool: an existing target is replaced only with --force, except the
+    sweep's own report, which a later report of the same sweep redraws (it overwrote any --out's files)."""
+    sweep = sweep_of_two(tmp_path)
+    write_report(sweep)
+    write_report(sweep, sweep)  # its own report again, by either spelling
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "val_loss_curves.png").write_text("my figure")
+    with pytest.raises(ValueError, match=r"--out '.*mine/val_loss_curves.png' already exists; pass --force"):
+        write_report(sweep, tmp_path / "mine")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["val_loss_curves.png"]
+    write_report(sweep, tmp_path / "mine", force=True)
+    assert (tmp_path / "mine" / "val_loss_curves.png").read_bytes().startswith(b"\x89PNG")
