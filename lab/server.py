@@ -3,8 +3,9 @@
 Standard library only (http.server), so the page works offline and the core install gains nothing.
 Every error is answered as JSON {"error": "one line"}: a problem the user can fix as 400, anything
 else as 500 with the traceback in the server's log, never on the page; the server keeps serving.
-A body it will not read (a bad or too large Content-Length) is refused at once and its connection
-closed; a client that hangs up is no error.
+Every request's body is read whole, whatever the method and path, so its bytes are never taken for the
+next request. A body it will not read (a bad or too large Content-Length) is refused at once and its
+connection closed; a client that hangs up is no error.
 """
 
 import json
@@ -38,6 +39,17 @@ class RefusedBody(ValueError):
         self.status = status
 
 
+def json_object(body: bytes) -> dict:
+    """A request body as a JSON object ({} when empty); ValueError for anything else."""
+    try:
+        value = json.loads(body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: [[[[... nested
+        raise ValueError("the request body is not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError("the request body must be a JSON object")
+    return value
+
+
 class LabHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # chunked transfer for the streamed sample
     session: LabSession  # set on the subclass make_server builds
@@ -65,6 +77,8 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_bytes(status, json.dumps(payload).encode(), "application/json")
 
     def do_GET(self) -> None:
+        if self.take_body() is None:
+            return
         path = self.path.split("?", 1)[0]
         if path == "/api/info":
             return self.answer(lambda: self.session.info())
@@ -76,13 +90,16 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_bytes(HTTPStatus.OK, file.read_bytes(), CONTENT_TYPES[file.suffix])
 
     def do_POST(self) -> None:
+        body = self.take_body()
+        if body is None:
+            return
         path = self.path.split("?", 1)[0]
         if path == "/api/sample":
-            return self.answer(lambda: api.sample(self.session, self.read_body()), stream=True)
+            return self.answer(lambda: api.sample(self.session, json_object(body)), stream=True)
         route = api.ROUTES.get(path)
         if route is None:
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
-        self.answer(lambda: route(self.session, self.read_body()))
+        self.answer(lambda: route(self.session, json_object(body)))
 
     def body_length(self) -> int:
         """The Content-Length to read, refused (RefusedBody) unless a byte count of at most MAX_BODY."""
@@ -100,23 +117,19 @@ class LabHandler(BaseHTTPRequestHandler):
             )
         return int(declared)
 
-    def read_body(self) -> dict:
-        length = self.body_length()
+    def take_body(self) -> bytes | None:
+        """The request's body, read whole; None when it is refused (answered, and the connection closed)."""
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: [[[[... nested
-            raise ValueError("the request body is not JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")
-        return body
+            return self.rfile.read(self.body_length())
+        except RefusedBody as e:
+            self.close_connection = True
+            self.send_json(e.status, {"error": error_text(e)})
+            return None
 
     def answer(self, compute, stream: bool = False) -> None:
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
         try:
             result = compute()
-        except RefusedBody as e:
-            self.close_connection = True
-            return self.send_json(e.status, {"error": error_text(e)})
         except (ValueError, FileNotFoundError) as e:
             return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
         except Exception as e:
