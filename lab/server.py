@@ -4,12 +4,15 @@ Standard library only (http.server), so the page works offline and the core inst
 Every error is answered as JSON {"error": "one line"}: a problem the user can fix as 400, anything
 else as 500 with the traceback in the server's log, never on the page; the server keeps serving.
 Every request's body is read whole, whatever the method and path, so its bytes are never taken for the
-next request. A body it will not read (a bad or too large Content-Length) is refused at once and its
-connection closed; a client that hangs up is no error.
+next request. A body it will not read (a bad or too large Content-Length) is refused at once, what the
+client still sends of it is read away, and the connection closed; a client that hangs up is no error.
 """
 
+import contextlib
 import json
 import logging
+import socket
+import time
 from collections.abc import Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 MAX_BODY = 1 << 20  # prompts and settings; nothing the page sends comes near a megabyte
+LINGER_S = 10.0  # how long a refused body is read away before its connection closes regardless
 
 
 def error_text(e: Exception) -> str:
@@ -124,7 +128,19 @@ class LabHandler(BaseHTTPRequestHandler):
         except RefusedBody as e:
             self.close_connection = True
             self.send_json(e.status, {"error": error_text(e)})
+            self.linger()
             return None
+
+    def linger(self) -> None:
+        """Read away what the client still sends after a refusal: closing a socket with unread bytes resets
+        the connection, and a client that sends its whole body before reading (urllib, requests) then gets
+        the reset instead of the answer."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)  # the answer is whole: the client may read it now
+            self.connection.settimeout(1.0)
+            deadline = time.monotonic() + LINGER_S
+            while time.monotonic() < deadline and self.connection.recv(1 << 16):
+                pass
 
     def answer(self, compute, stream: bool = False) -> None:
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""

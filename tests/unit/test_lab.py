@@ -318,3 +318,13 @@ def test_a_body_the_route_does_not_use_is_read_not_taken_for_the_next_request(ur
     answer = raw_exchange(url, head + NEXT_REQUEST + CLOSING_REQUEST)
     assert answer.count(b"HTTP/1.1 ") == 2, answer[:300]
 
+
+def test_a_too_large_body_sent_whole_still_gets_its_answer(url):
+    """A client that sends the whole body before it reads (urllib, requests) reads the 413, instead of the
+    connection reset that closing on the unread bytes gave (BrokenPipeError / ConnectionResetError)."""
+    status, answer = post(url, "/api/attention", b"x" * (20 * MAX_BODY))
+    assert (status, json.loads(answer)) == (
+        413,
+        {"error": f"the request has {20 * MAX_BODY} bytes; the lab takes at most {MAX_BODY}"},
+    )
+    assert post(url, "/api/attention", {"prompt": "the"})[0] == 200, "and the server keeps serving"
