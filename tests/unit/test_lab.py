@@ -192,9 +192,13 @@ def test_integer_parameters_take_integers_or_their_text_and_refuse_the_rest():
     settings = api.sampling_settings({"max_tokens": "12", "seed": 3, "top_k": "5", "temperature": "0.5"})
     assert (settings.max_new_tokens, settings.seed, settings.top_k, settings.temperature) == (12, 3, 5, 0.5)
     assert api.heads_from({"heads_off": [[1, 0], ["0", "1"]]}) == [(1, 0), (0, 1)]
-    for value in (2.0, "2.5", False, [2], {}):
+    for value in (2.0, "2.5", False, [2], {}, " 5 ", "1_0", "\u0663", "9" * 5000):  # \u0663: an Arabic-Indic 3
         with pytest.raises(ValueError, match=r"^max_tokens=.* is not an integer; give a whole number"):
             api.integer("max_tokens", value)
+    assert [api.number("top_p", v) for v in (1, "0.5", ".5", "-2", "1e-3", "5.")] == [1.0, 0.5, 0.5, -2.0, 1e-3, 5.0]
+    for value in (True, " 0.5", "1_0.5", "0x1p-2", "\u0660.5", "0.5.1", "e3"):
+        with pytest.raises(ValueError, match=r"^top_p=.* is not a number; give one such as 0.8"):
+            api.number("top_p", value)
 
 
 def raw_exchange(url: str, request: bytes) -> bytes:
