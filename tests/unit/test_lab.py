@@ -273,13 +273,22 @@ def test_the_page_loads_nothing_from_outside():
     assert sorted(named) == sorted(p.name for p in STATIC.iterdir() if p.name != "index.html")
 
 
-def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path):
+def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsys):
+    """A checkpoint it cannot load exits 1; a bad command line is argparse's status 2, in one `error:` line
+    (it printed the usage too, and --port 99999 exited 1)."""
     from scripts.lab import main
 
     with pytest.raises(SystemExit, match=r"^error: .*missing' does not exist; give a checkpoint file or a run"):
         main([str(tmp_path / "missing")])
-    with pytest.raises(SystemExit, match=r"^error: --port 99999 is invalid; it must be 0 to 65535"):
-        main([str(tmp_path), "--port", "99999"])
+    bad = {
+        ("--port", "99999"): "error: --port 99999 is invalid; it must be 0 to 65535 (0 = a free one) (see --help)",
+        ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
+        ("--hots", "x"): "error: unrecognized arguments: --hots x (see --help)",
+    }
+    for args, message in bad.items():
+        with pytest.raises(SystemExit) as exit_:
+            main([str(tmp_path), *args])
+        assert (exit_.value.code, capsys.readouterr().err) == (2, message + "\n")
 
 
 def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
