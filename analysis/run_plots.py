@@ -101,7 +101,7 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path) -> Path:
                     if not xs:
                         continue
                     name = f"{label} {line_label}" if len(lines) > 1 else label
-                    marker = "o" if key == "val/loss" else None
+                    marker = "o" if key == "val/loss" or len(xs) == 1 else None  # one point has no line to draw
                     color = colors[i % len(colors)]
                     ax.plot(xs, ys, style, color=color, marker=marker, ms=3, lw=1.3, alpha=0.9, label=name)
                     drawn += 1

@@ -260,3 +260,17 @@ def test_a_jobs_error_is_its_own_record_not_a_later_lines_text(tmp_path):
         f"{stamp}[train][INFO] - shutting down\nsecond line\n"
     )
     assert last_error(log) == "RuntimeError: boom"
+
+
+def test_a_crashed_run_with_one_evaluation_is_drawn_with_a_marker(tmp_path, monkeypatch):
+    """A crashed run's partial curve of one point was a dashed line without markers: nothing was drawn."""
+    from matplotlib.axes import Axes
+
+    lr_sweep(tmp_path)
+    write_fake_run(tmp_path / "crashed", config(3, "c", lr=1e-2), None)  # one val/loss record, no summary
+    drawn, plot = [], Axes.plot
+    monkeypatch.setattr(
+        Axes, "plot", lambda ax, x, y, **kw: drawn.append((len(x), kw.get("marker"))) or plot(ax, x, y, **kw)
+    )
+    write_report(tmp_path, tmp_path / "out")
+    assert all(marker for _, marker in drawn) and (1, ".") in drawn, drawn
