@@ -274,3 +274,13 @@ def test_a_crashed_run_with_one_evaluation_is_drawn_with_a_marker(tmp_path, monk
     )
     write_report(tmp_path, tmp_path / "out")
     assert all(marker for _, marker in drawn) and (1, ".") in drawn, drawn
+
+
+def test_steps_and_seeds_are_listed_in_numeric_order(tmp_path):
+    """By their text, seeds 2 and 10 read '10, 2' and step counts 100 and 20 read '100/20'."""
+    for seed, steps in ((2, 20), (10, 100), (9, 20)):
+        run = write_fake_run(tmp_path / f"s{seed}", config(seed, f"o{seed}"), 1.5)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {"step": steps}))
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| 20/100 |" in report and "| 2, 9, 10 |" in report
