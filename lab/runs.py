@@ -45,15 +45,16 @@ def split_table(text: str) -> dict[str, list]:
 
 def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
     """The report's ablation table (cells grouped by every key the sweep varies, against the first cell)
-    and its list of runs that did not complete, with its first line."""
+    and its list of runs that did not complete, with its first line; where the report refuses the table,
+    none, and the note says why."""
     keys = sweep.varying_keys(runs)
-    cells = sweep.group_cells(runs, keys)
     unfinished = report.unfinished_table(runs, root, keys)
-    return {
-        "table": split_table(report.table(cells, report.choose_reference(cells, None))),
-        "unfinished": split_table(unfinished),
-        "note": unfinished.splitlines()[0],
-    }
+    try:
+        cells = sweep.group_cells(runs, keys)
+        table, note = report.table(cells, report.choose_reference(cells, None)), unfinished.splitlines()[0]
+    except ValueError as e:  # runs the report will not put in one table (two of one cell and seed): curves still show
+        table, note = "", f"no ablation table: {e}"
+    return {"table": split_table(table), "unfinished": split_table(unfinished), "note": note}
 
 
 def view(path: str | Path) -> dict[str, Any]:

@@ -124,6 +124,22 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
         runs.view(run_dir / "checkpoints")
 
 
+def test_runs_view_of_a_folder_without_an_ablation_table_still_shows_every_runs_curves(tmp_path):
+    """outputs/ after `python train.py` twice holds two runs of one config and seed: the report refuses to
+    make them a table, but the Runs tab still draws both curves and says why there is no table (the whole
+    view was a 400)."""
+    from tests.helpers import write_fake_run
+
+    for name in ("10-00-00", "11-00-00"):
+        write_fake_run(tmp_path / "outputs" / "2026-12-02" / name, {"seed": 1337}, 2.0)
+    view = runs.view(tmp_path / "outputs")
+    assert [r["curves"] for r in view["runs"]] == [{"val/loss": [(10, 3.0)]}] * 2
+    assert view["table"] == {"header": [], "rows": []}
+    assert re.fullmatch(
+        r"no ablation table: .*10-00-00 and .*11-00-00 are both all runs with seed 1337; keep one of them", view["note"]
+    )
+
+
 def test_sampling_settings_are_checked_with_one_line_errors():
     assert api.sampling_settings({"top_k": "", "top_p": "0.9"}).top_k is None
     with pytest.raises(ValueError, match=r"top_p=1\.5 is invalid"):
