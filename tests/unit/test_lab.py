@@ -161,6 +161,10 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
         400,
         b'{"error": "the request body is not JSON"}',
     ), "nested too deep for the parser (RecursionError) is a bad body too, not a 500"
+    assert post(url, "/api/attention", b'{"layer": ' + b"9" * 5000 + b"}") == (
+        400,
+        b'{"error": "the request body is not JSON"}',
+    ), "an integer of more digits than Python converts (it answered: use sys.set_int_max_str_digits())"
     assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
         400,
         json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
