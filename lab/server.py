@@ -76,7 +76,15 @@ class LabHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a HEAD answer is the headers alone
+            self.wfile.write(body)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a method the lab has no handler for, a request line too long) as
+        JSON, like every other answer; the connection closes, as http.server's does."""
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        self.send_json(code, {"error": message or HTTPStatus(code).phrase})
 
     def send_json(self, status: int, payload: dict) -> None:
         self.send_bytes(status, json.dumps(payload).encode(), "application/json")

@@ -361,3 +361,16 @@ def test_a_too_large_body_sent_whole_still_gets_its_answer(url):
         {"error": f"the request has {20 * MAX_BODY} bytes; the lab takes at most {MAX_BODY}"},
     )
     assert post(url, "/api/attention", {"prompt": "the"})[0] == 200, "and the server keeps serving"
+
+
+def test_what_http_server_refuses_itself_is_json_too(url):
+    """An unsupported method or a request line too long came back as http.server's HTML page; the lab's
+    errors are JSON {"error": ...}, and a HEAD answer has no body."""
+    answer = raw_exchange(url, b"PUT /api/info HTTP/1.1\r\nHost: lab\r\nContent-Length: 0\r\n\r\n")
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 501 ") and b"Content-Type: application/json" in head, answer
+    assert json.loads(body) == {"error": "Unsupported method ('PUT')"}
+    answer = raw_exchange(url, b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 414 ") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"], answer
+    answer = raw_exchange(url, b"HEAD / HTTP/1.1\r\nHost: lab\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 501 ") and answer.endswith(b"\r\n\r\n"), answer
