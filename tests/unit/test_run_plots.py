@@ -121,3 +121,17 @@ def test_a_run_with_a_single_record_is_drawn_with_markers(tmp_path, monkeypatch)
     )
     plot_runs([run], tmp_path / "one.png")
     assert len(drawn) == 6 and all(n == 1 and marker for n, marker in drawn), drawn
+
+
+def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    """An I/O error reading metrics.jsonl said only 'error: [Errno 5] Input/output error'."""
+    run = write_run(tmp_path / "run")
+
+    def read_text(path: Path, *args, **kwargs) -> str:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with pytest.raises(SystemExit) as e:
+        main([str(run), "--out", str(tmp_path / "p.png")])
+    assert e.value.code == f"error: {str(run / 'metrics.jsonl')!r} cannot be read (Input/output error)"
+    assert not (tmp_path / "p.png").exists()
