@@ -129,7 +129,8 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str], planned: int 
     for r in bad:
         values = " | ".join(fmt_value(setting(r.config, k)) for k in [*keys, "seed"])
         last = "—" if r.last_step is None else r.last_step
-        lines.append(f"| {r.path.relative_to(root)} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
+        name = fmt_value(r.path.relative_to(root))
+        lines.append(f"| {name} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
     return "\n".join(lines)
 
 

@@ -284,3 +284,15 @@ def test_steps_and_seeds_are_listed_in_numeric_order(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary | {"step": steps}))
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "| 20/100 |" in report and "| 2, 9, 10 |" in report
+
+
+def test_a_run_folder_named_with_a_bar_keeps_the_unfinished_table_whole(tmp_path):
+    """A '|' in a run's folder name split its row into an extra column (values are escaped, the name was not)."""
+    from lab.runs import split_table
+
+    lr_sweep(tmp_path)
+    write_fake_run(tmp_path / "lr=0.01|s3", config(3, "c", lr=1e-2), None)
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert f"| lr=0.01\\|s3 | 0.01 | 3 | {CRASHED} | 10 | — |" in report
+    unfinished = report[report.index("1 of 7 runs") :]
+    assert split_table(unfinished)["rows"] == [["lr=0.01|s3", "0.01", "3", CRASHED, "10", "—"]]
