@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key
+from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key, varying_keys
 
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
@@ -145,7 +145,7 @@ def markdown_report(
 ) -> str:
     """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section;
     `planned` the jobs multirun.yaml plans (None: no plan read)."""
-    keys = list(cells[0].values) if cells else []
+    keys = varying_keys(runs)  # the cells' keys, and still the sweep's where no cell completed
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
     parts = [

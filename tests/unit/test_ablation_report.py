@@ -200,6 +200,17 @@ def test_a_failed_jobs_swept_value_comes_from_its_hydra_overrides(tmp_path):
     assert "never started" not in report
 
 
+def test_a_sweep_whose_every_job_failed_still_names_its_swept_key(tmp_path):
+    """train.py -m +debug=tiny model.n_head=3,5: no cell completes, and the report's columns came from the
+    cells, so it said 'Swept keys: none' and listed both failures without their n_head."""
+    for job, n_head in enumerate((3, 5)):
+        failed_job(tmp_path / str(job), n_head, 0)
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "Swept keys (every config value that differs across the runs): model.n_head." in report
+    assert "| run | model.n_head | seed | status |" in report
+    assert f"| 0 | 3 | 0 | {FAILED_AT_START} |" in report and f"| 1 | 5 | 0 | {FAILED_AT_START} |" in report
+
+
 def test_jobs_a_killed_sweep_never_started_are_counted_from_its_plan(tmp_path):
     write_fake_run(tmp_path / "0", config(0, "o0"), 2.0)
     write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
