@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the
 from cli.schema_help import OneLineParser
 from lab.server import make_server, url_of
 from lab.session import LabSession
+from training.runtime import resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
+    try:
+        resolve_device(args.device)  # a device this machine lacks is a bad option, as in sample.py
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 

@@ -304,6 +304,7 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsy
         ("--port", "99999"): "error: --port 99999 is invalid; it must be 0 to 65535 (0 = a free one) (see --help)",
         ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
         ("--hots", "x"): "error: unrecognized arguments: --hots x (see --help)",
+        ("--device", "gpu"): "error: device='gpu' is invalid; use auto, cpu, cuda, cuda:N or mps (see --help)",
     }
     for args, message in bad.items():
         with pytest.raises(SystemExit) as exit_:
