@@ -60,6 +60,8 @@ def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
 def view(path: str | Path) -> dict[str, Any]:
     """A run directory (its curves) or a sweep directory (every run's curves and the ablation table)."""
     root = Path(path).expanduser()
+    if root.exists() and not root.is_dir():
+        raise FileNotFoundError(f"{str(root)!r} is a file; give a run or sweep directory")
     if not root.is_dir():
         raise FileNotFoundError(f"run or sweep directory {str(root)!r} does not exist")
     if (root / METRICS).is_file():

@@ -122,6 +122,8 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
     assert runs.markdown_rows(text) == [["a", "b"], ["x | y", "2"]]
     with pytest.raises(FileNotFoundError, match="no runs under"):
         runs.view(run_dir / "checkpoints")
+    with pytest.raises(FileNotFoundError, match=r"^'.*metrics.jsonl' is a file; give a run or sweep directory$"):
+        runs.view(run_dir / "metrics.jsonl")  # it said the file 'does not exist'
 
 
 def test_runs_view_of_a_folder_without_an_ablation_table_still_shows_every_runs_curves(tmp_path):
