@@ -42,6 +42,13 @@ def parse_reference(text: str | None) -> dict[str, str] | None:
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
+def out_dir_arg(text: str) -> Path:
+    """--out as a directory; empty is refused: --out "$DIR" with DIR unset would write into the current one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a directory ('.' for the current one)")
+    return Path(text)
+
+
 def write_report(
     sweep_dir: Path,
     out_dir: Path | None = None,
@@ -91,7 +98,7 @@ def write_report(
 def main() -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
+    parser.add_argument("--out", type=out_dir_arg, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
     needs = "; ".join(f"{name}: {' x '.join(keys)}" for name, (_, keys, _) in PAPERS.items())
     paper_help = (

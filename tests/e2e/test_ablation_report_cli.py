@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scripts.ablation_report import write_report
-from tests.helpers import run_cli, write_fake_run
+from tests.helpers import ROOT, run_cli, write_fake_run
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -63,13 +63,17 @@ BAD = {
         lambda root: [str(sweep_of_two(root)), "--out", str(root / ("x" * 300))],
         r"^error: .*File name too long: '.*xxx'$",
     ),
+    "an empty --out": (  # --out "$DIR" with DIR unset: Path("") is the current directory
+        lambda root: [str(sweep_of_two(root)), "--out", ""],
+        r"^error: argument --out: is empty; give a directory \('\.' for the current one\)",
+    ),
     "an --out holding a report": (
         existing_report,
         r"^error: --out '.*/mine/ablation.md' already exists; pass --force to replace it$",
     ),
 }
 # A bad command line exits 2 (argparse's status), bad input it reads or writes 1.
-COMMAND_LINE = {"a bad --reference", "an unknown --paper", "an unknown flag"}
+COMMAND_LINE = {"a bad --reference", "an unknown --paper", "an unknown flag", "an empty --out"}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -77,7 +81,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, case):
     make, message = BAD[case]
     args = make(tmp_path)
     before = snapshot(tmp_path)
-    done = run_cli(["scripts/ablation_report.py", *args])
+    done = run_cli([str(ROOT / "scripts" / "ablation_report.py"), *args], cwd=tmp_path)  # what lands in cwd counts
     assert done.returncode == (2 if case in COMMAND_LINE else 1), done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
