@@ -126,6 +126,13 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
         runs.view(run_dir / "metrics.jsonl")  # it said the file 'does not exist'
 
 
+def test_runs_path_is_read_as_open_reads_its_path_without_surrounding_spaces(session, run_dir):
+    """A path pasted with a trailing newline or space: Open (/api/load) took it, Runs said 'does not exist'."""
+    assert api.run_view(session, {"path": f"  {run_dir}\n"})["path"] == str(run_dir)
+    with pytest.raises(ValueError, match="give a run directory or a sweep directory"):
+        api.run_view(type("NoRun", (), {"run_dir": None})(), {"path": "  "})
+
+
 def test_runs_view_of_a_folder_without_an_ablation_table_still_shows_every_runs_curves(tmp_path):
     """outputs/ after `python train.py` twice holds two runs of one config and seed: the report refuses to
     make them a table, but the Runs tab still draws both curves and says why there is no table (the whole
