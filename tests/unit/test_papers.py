@@ -59,6 +59,16 @@ def test_vaswani_b_checks_each_smaller_d_k_against_the_widest(tmp_path):
     }
 
 
+def test_vaswani_b_reads_a_null_d_k_as_the_head_size_it_ran_with(tmp_path):
+    """model.d_k=null,4,8 (null: d_model / n_head, 16 here) was a TypeError traceback comparing None with 4."""
+    section = paper_section("vaswani_b", sweep(tmp_path, {(None,): 2.0, (4,): 2.3, (8,): 2.1}, ("d_k",)))
+    assert "| 16 | 5.16 | +0.0476 | 2.0000 | +0.0000 |" in section and "| 4 | — | — | 2.3000 | +0.3000 |" in section
+    assert claims(section) == {
+        "reducing d_k from 16 to 4 hurts": "agrees",
+        "reducing d_k from 16 to 8 hurts": "agrees",
+    }
+
+
 def test_bhojanapalli_compares_the_split_with_a_fixed_head_size(tmp_path):
     losses = {(1, None): 2.3, (8, None): 2.4, (1, 32): 2.25, (8, 32): 2.1}
     verdicts = claims(paper_section("bhojanapalli", sweep(tmp_path, losses, ("n_head", "d_k"))))
