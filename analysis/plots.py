@@ -21,7 +21,8 @@ def save(fig, path: Path) -> Path:
 
 
 def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
-    """One colour per cell, one line per seed; crashed runs' partial curves dashed red."""
+    """One colour per cell, one line per seed; crashed runs' partial curves dashed red. Every line has
+    markers: a run killed after its first evaluation has one point, which a bare line does not draw."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.cm.viridis([i / max(1, len(cells) - 1) for i in range(len(cells))])
     for color, cell in zip(colors, cells, strict=True):
@@ -31,7 +32,7 @@ def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
     for run in runs:
         if run.status == CRASHED and run.val_curve:
             steps, losses = zip(*run.val_curve, strict=True)
-            ax.plot(steps, losses, color="red", ls="--", lw=1, label=f"crashed: {run.path.name}")
+            ax.plot(steps, losses, color="red", ls="--", lw=1, marker=".", label=f"crashed: {run.path.name}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title("Validation loss per configuration")

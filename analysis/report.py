@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run, setting
+from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key, varying_keys
 
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
@@ -69,13 +69,18 @@ def differences(cells: list[Cell], reference: Cell | None, metric: str = "val/lo
     return [None if c is reference else paired_difference(c.metric(metric), ref) for c in cells]
 
 
+def in_order(values) -> list:
+    """Numbers in numeric order (seeds 2, 10; not 10, 2 as text), None first, anything else by its text."""
+    return sorted(values, key=lambda v: sort_key((v,)))
+
+
 def table(cells: list[Cell], reference: Cell | None) -> str:
     keys = list(cells[0].values) if cells else []
     head = [*keys, "d_k", "params", "FLOPs/token", "KV bytes/token", "steps", "tokens/s"]
     head += ["val loss (nats)", "Δ loss vs reference", "val bits/byte", "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
-        steps = sorted({r.summary.get("step") for r in cell.runs}, key=str)
+        steps = in_order({r.summary.get("step") for r in cell.runs})
         speeds = [r.summary["tokens_per_s"] for r in cell.runs if r.summary.get("tokens_per_s")]
         row = [fmt_value(v) for v in cell.values.values()]
         row += [fmt_value(cell.info("d_k")), fmt_count(cell.info("params")), fmt_count(cell.info("flops_per_token"))]
@@ -84,7 +89,7 @@ def table(cells: list[Cell], reference: Cell | None) -> str:
         row += [fmt_interval(t_interval(list(cell.metric("val/loss").values())))]
         row += ["reference" if diff is None else fmt_interval(diff, signed=True)]
         row += [fmt_interval(t_interval(list(cell.metric("val/bpb").values())))]
-        row += [", ".join(str(s) for s in sorted(cell.metric("val/loss"), key=str))]
+        row += [", ".join(str(s) for s in in_order(cell.metric("val/loss")))]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -124,7 +129,8 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str], planned: int 
     for r in bad:
         values = " | ".join(fmt_value(setting(r.config, k)) for k in [*keys, "seed"])
         last = "—" if r.last_step is None else r.last_step
-        lines.append(f"| {r.path.relative_to(root)} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
+        name = fmt_value(r.path.relative_to(root))
+        lines.append(f"| {name} | {values} | {r.status} | {last} | {fmt_value(r.error or '—')} |")
     return "\n".join(lines)
 
 
@@ -139,7 +145,7 @@ def markdown_report(
 ) -> str:
     """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section;
     `planned` the jobs multirun.yaml plans (None: no plan read)."""
-    keys = list(cells[0].values) if cells else []
+    keys = varying_keys(runs)  # the cells' keys, and still the sweep's where no cell completed
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
     parts = [

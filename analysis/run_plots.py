@@ -45,12 +45,17 @@ def image_path(out: Path, flag: str = "--out") -> Path:
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:
-    """{step: merged record} from RUN/metrics.jsonl; FileNotFoundError if the run has none."""
+    """{step: merged record} from RUN/metrics.jsonl; FileNotFoundError if the run has none, ValueError
+    naming it if it cannot be read."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (it has no {METRICS})")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:  # a read's own error (EIO) does not name the file
+        raise ValueError(f"{str(path)!r} cannot be read ({e.strerror or e})") from None
     by_step: dict[int, dict] = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -101,7 +106,7 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path) -> Path:
                     if not xs:
                         continue
                     name = f"{label} {line_label}" if len(lines) > 1 else label
-                    marker = "o" if key == "val/loss" else None
+                    marker = "o" if key == "val/loss" or len(xs) == 1 else None  # one point has no line to draw
                     color = colors[i % len(colors)]
                     ax.plot(xs, ys, style, color=color, marker=marker, ms=3, lw=1.3, alpha=0.9, label=name)
                     drawn += 1

@@ -118,12 +118,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def last_error(log_path: Path) -> str | None:
     """The last ERROR message in Hydra's job log; for a logged traceback, its final line."""
-    if not log_path.is_file():
+    try:
+        lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+    except OSError:  # an unreadable log only loses the message
         return None
-    lines = log_path.read_text(errors="replace").splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if "][ERROR] - " in lines[i]:
-            tail = [line for line in lines[i + 1 :] if line.strip() and not line.startswith("[")]
+            tail = []  # the record's own continuation lines (a traceback), up to the next record
+            for line in lines[i + 1 :]:
+                if line.startswith("["):
+                    break
+                tail += [line] if line.strip() else []
             return tail[-1].strip() if tail else lines[i].split("][ERROR] - ", 1)[1]
     return None
 
@@ -152,7 +157,7 @@ def read_yaml(path: Path) -> Any:
         return None
     try:
         return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except (OmegaConfBaseException, ValueError, UnicodeDecodeError):
+    except (OmegaConfBaseException, ValueError, UnicodeDecodeError, OSError):
         return None
 
 
@@ -195,15 +200,24 @@ def run_status(info: dict | None, summary: dict | None, final_loss: Any) -> str:
 
 
 def read_run(run_dir: Path) -> Run:
-    """One run directory; a record cut short makes an UNREADABLE run (listed, not an error)."""
-    records = read_jsonl(run_dir / METRICS)
-    objects, broken = {}, []
+    """One run directory; a record cut short, or one the OS will not let us read (permissions, I/O),
+    makes an UNREADABLE run (listed, not an error)."""
+    broken = []
+    try:
+        records = read_jsonl(run_dir / METRICS)
+    except OSError as e:
+        records = []
+        broken.append(f"{METRICS} cannot be read ({e.strerror or e})")
+    objects = {}
     for name in (RUN_INFO, SUMMARY):
         try:
             objects[name] = read_object(run_dir / name)
         except json.JSONDecodeError as e:
             objects[name] = None
             broken.append(f"{name} is not valid JSON ({e.msg} at char {e.pos})")
+        except OSError as e:
+            objects[name] = None
+            broken.append(f"{name} cannot be read ({e.strerror or e})")
     info, summary = objects[RUN_INFO], objects[SUMMARY]
     config = flatten(info["config"]) if info and isinstance(info.get("config"), dict) else hydra_config(run_dir)
     curve = [(r.get("step"), r["val/loss"]) for r in records if "val/loss" in r]

@@ -4,6 +4,8 @@ Every problem a user can cause (a prompt outside the vocabulary, a bad setting, 
 is a ValueError or FileNotFoundError with one line, which the server sends as {"error": ...}.
 """
 
+import contextlib
+import re
 import reprlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,29 +28,30 @@ def shown(value: Any) -> str:
     return reprlib.repr(value)
 
 
+# A number's text as JSON or the page's form fields write it, in ASCII digits: int() and float() alone
+# also take ' 5 ', '1_0' and '٣'.
+NUMBER_TEXT = {int: re.compile(r"-?[0-9]+"), float: re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")}
+WANTED = {int: "an integer; give a whole number such as 3", float: "a number; give one such as 0.8"}
+
+
+def parse_number(key: str, value: Any, kind: type[int] | type[float]) -> int | float:
+    """`value` as `kind`: a JSON number, or its text (the page sends its form fields as typed). A bool is
+    refused (true is not 1), and an integer refuses a float rather than rounding it: 1.7, 2.0 and 1e400
+    (infinity) are mistakes, not a count. Ranges are the caller's."""
+    if isinstance(value, str) and NUMBER_TEXT[kind].fullmatch(value):
+        with contextlib.suppress(ValueError):  # more digits than int() converts
+            return kind(value)
+    elif isinstance(value, int | kind) and not isinstance(value, bool):
+        return kind(value)
+    raise ValueError(f"{key}={shown(value)} is not {WANTED[kind]}")
+
+
 def integer(key: str, value: Any) -> int:
-    """A JSON integer, or the text of one (the page sends its form fields as typed). A bool or a float is
-    refused, not rounded: 1.7, true and 1e400 (infinity) are mistakes, not 1."""
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    elif isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise ValueError(f"{key}={shown(value)} is not an integer; give a whole number such as 3")
+    return parse_number(key, value, int)
 
 
 def number(key: str, value: Any) -> float:
-    """A JSON number, or the text of one; a bool is refused (true is not 1.0). Ranges are the caller's."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    raise ValueError(f"{key}={shown(value)} is not a number; give one such as 0.8")
+    return parse_number(key, value, float)
 
 
 def text(body: dict, key: str) -> str:
@@ -163,7 +166,7 @@ def load(session: LabSession, body: dict) -> dict:
 
 
 def run_view(session: LabSession, body: dict) -> dict:
-    path = text(body, "path") or (str(session.run_dir) if session.run_dir else "")
+    path = text(body, "path").strip() or (str(session.run_dir) if session.run_dir else "")  # as load reads it
     if not path:
         raise ValueError("give a run directory or a sweep directory")
     return runs.view(path)

@@ -16,8 +16,12 @@ CURVE_KEYS = ("train/loss", "val/loss")
 
 
 def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) per metric key of CURVE_KEYS that the run logged."""
-    records = sweep.read_jsonl(run_dir / METRICS)
+    """(step, value) per metric key of CURVE_KEYS that the run logged; ValueError naming the file when
+    the OS will not let it be read (permissions, I/O)."""
+    try:
+        records = sweep.read_jsonl(run_dir / METRICS)
+    except OSError as e:
+        raise ValueError(f"{METRICS} of {str(run_dir)!r} cannot be read ({e.strerror or e})") from None
     out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
     return {key: points for key, points in out.items() if points}
 
@@ -41,20 +45,23 @@ def split_table(text: str) -> dict[str, list]:
 
 def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
     """The report's ablation table (cells grouped by every key the sweep varies, against the first cell)
-    and its list of runs that did not complete, with its first line."""
+    and its list of runs that did not complete, with its first line; where the report refuses the table,
+    none, and the note says why."""
     keys = sweep.varying_keys(runs)
-    cells = sweep.group_cells(runs, keys)
     unfinished = report.unfinished_table(runs, root, keys)
-    return {
-        "table": split_table(report.table(cells, report.choose_reference(cells, None))),
-        "unfinished": split_table(unfinished),
-        "note": unfinished.splitlines()[0],
-    }
+    try:
+        cells = sweep.group_cells(runs, keys)
+        table, note = report.table(cells, report.choose_reference(cells, None)), unfinished.splitlines()[0]
+    except ValueError as e:  # runs the report will not put in one table (two of one cell and seed): curves still show
+        table, note = "", f"no ablation table: {e}"
+    return {"table": split_table(table), "unfinished": split_table(unfinished), "note": note}
 
 
 def view(path: str | Path) -> dict[str, Any]:
     """A run directory (its curves) or a sweep directory (every run's curves and the ablation table)."""
     root = Path(path).expanduser()
+    if root.exists() and not root.is_dir():
+        raise FileNotFoundError(f"{str(root)!r} is a file; give a run or sweep directory")
     if not root.is_dir():
         raise FileNotFoundError(f"run or sweep directory {str(root)!r} does not exist")
     if (root / METRICS).is_file():
@@ -63,6 +70,14 @@ def view(path: str | Path) -> dict[str, Any]:
     return {
         "kind": "sweep",
         "path": str(root),
-        "runs": [{"name": str(r.path.relative_to(root)), "status": r.status, "curves": curves(r.path)} for r in found],
+        "runs": [
+            # an unreadable run is listed with its error in the table below, and has no curves to draw
+            {
+                "name": str(r.path.relative_to(root)),
+                "status": r.status,
+                "curves": {} if r.status == sweep.UNREADABLE else curves(r.path),
+            }
+            for r in found
+        ],
         **sweep_tables(root, found),
     }

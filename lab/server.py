@@ -3,12 +3,16 @@
 Standard library only (http.server), so the page works offline and the core install gains nothing.
 Every error is answered as JSON {"error": "one line"}: a problem the user can fix as 400, anything
 else as 500 with the traceback in the server's log, never on the page; the server keeps serving.
-A body it will not read (a bad or too large Content-Length) is refused at once and its connection
-closed; a client that hangs up is no error.
+Every request's body is read whole, whatever the method and path, so its bytes are never taken for the
+next request. A body it will not read (a bad or too large Content-Length) is refused at once, what the
+client still sends of it is read away, and the connection closed; a client that hangs up is no error.
 """
 
+import contextlib
 import json
 import logging
+import socket
+import time
 from collections.abc import Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +27,7 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 MAX_BODY = 1 << 20  # prompts and settings; nothing the page sends comes near a megabyte
+LINGER_S = 10.0  # how long a refused body is read away before its connection closes regardless
 
 
 def error_text(e: Exception) -> str:
@@ -36,6 +41,18 @@ class RefusedBody(ValueError):
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def json_object(body: bytes) -> dict:
+    """A request body as a JSON object ({} when empty); ValueError for anything else."""
+    try:
+        value = json.loads(body or b"{}")
+    # ValueError: not JSON, not UTF-8, or an integer of over 4300 digits; RecursionError: [[[[... nested
+    except (ValueError, RecursionError):
+        raise ValueError("the request body is not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError("the request body must be a JSON object")
+    return value
 
 
 class LabHandler(BaseHTTPRequestHandler):
@@ -59,12 +76,22 @@ class LabHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a HEAD answer is the headers alone
+            self.wfile.write(body)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a method the lab has no handler for, a request line too long) as
+        JSON, like every other answer; the connection closes, as http.server's does."""
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        self.send_json(code, {"error": message or HTTPStatus(code).phrase})
 
     def send_json(self, status: int, payload: dict) -> None:
         self.send_bytes(status, json.dumps(payload).encode(), "application/json")
 
     def do_GET(self) -> None:
+        if self.take_body() is None:
+            return
         path = self.path.split("?", 1)[0]
         if path == "/api/info":
             return self.answer(lambda: self.session.info())
@@ -76,13 +103,16 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_bytes(HTTPStatus.OK, file.read_bytes(), CONTENT_TYPES[file.suffix])
 
     def do_POST(self) -> None:
+        body = self.take_body()
+        if body is None:
+            return
         path = self.path.split("?", 1)[0]
         if path == "/api/sample":
-            return self.answer(lambda: api.sample(self.session, self.read_body()), stream=True)
+            return self.answer(lambda: api.sample(self.session, json_object(body)), stream=True)
         route = api.ROUTES.get(path)
         if route is None:
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
-        self.answer(lambda: route(self.session, self.read_body()))
+        self.answer(lambda: route(self.session, json_object(body)))
 
     def body_length(self) -> int:
         """The Content-Length to read, refused (RefusedBody) unless a byte count of at most MAX_BODY."""
@@ -100,23 +130,31 @@ class LabHandler(BaseHTTPRequestHandler):
             )
         return int(declared)
 
-    def read_body(self) -> dict:
-        length = self.body_length()
+    def take_body(self) -> bytes | None:
+        """The request's body, read whole; None when it is refused (answered, and the connection closed)."""
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: [[[[... nested
-            raise ValueError("the request body is not JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")
-        return body
+            return self.rfile.read(self.body_length())
+        except RefusedBody as e:
+            self.close_connection = True
+            self.send_json(e.status, {"error": error_text(e)})
+            self.linger()
+            return None
+
+    def linger(self) -> None:
+        """Read away what the client still sends after a refusal: closing a socket with unread bytes resets
+        the connection, and a client that sends its whole body before reading (urllib, requests) then gets
+        the reset instead of the answer."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)  # the answer is whole: the client may read it now
+            self.connection.settimeout(1.0)
+            deadline = time.monotonic() + LINGER_S
+            while time.monotonic() < deadline and self.connection.recv(1 << 16):
+                pass
 
     def answer(self, compute, stream: bool = False) -> None:
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
         try:
             result = compute()
-        except RefusedBody as e:
-            self.close_connection = True
-            return self.send_json(e.status, {"error": error_text(e)})
         except (ValueError, FileNotFoundError) as e:
             return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
         except Exception as e:

@@ -1,12 +1,13 @@
 """Turn a sweep directory into a Markdown report and PNG plots.
 
     python scripts/ablation_report.py multirun/ablate_heads_dk/2026-11-29_10-00-00 [--out DIR]
-        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa]
+        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa] [--force]
 
 Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
 t-intervals and paired differences against the reference cell (default: the first row). Writes
 `ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
-(and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory); --paper
+(and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory, whose own
+report is redrawn; elsewhere an existing file of those names is replaced only with --force); --paper
 adds the published results beside ours, with a verdict per claim, for a sweep over the paper's keys
 and no other (see --help). Runs that crashed, never started or
 whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
@@ -19,13 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.outputs import check_out_dir
+from analysis.outputs import check_out_dir, check_replaceable
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, planned_jobs, varying_keys
+from cli.schema_help import OneLineParser
 
 log = logging.getLogger("ablation_report")
+REPORT, INTERVALS, DIFFERENCES = "ablation.md", "val_loss_intervals.png", "val_loss_differences.png"
+HEATMAP, CURVES = "val_loss_heatmap.png", "val_loss_curves.png"
 
 
 def parse_reference(text: str | None) -> dict[str, str] | None:
@@ -38,10 +42,22 @@ def parse_reference(text: str | None) -> dict[str, str] | None:
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
+def out_dir_arg(text: str) -> Path:
+    """--out as a directory; empty is refused: --out "$DIR" with DIR unset would write into the current one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a directory ('.' for the current one)")
+    return Path(text)
+
+
 def write_report(
-    sweep_dir: Path, out_dir: Path | None = None, reference: str | None = None, paper: str | None = None
+    sweep_dir: Path,
+    out_dir: Path | None = None,
+    reference: str | None = None,
+    paper: str | None = None,
+    force: bool = False,
 ) -> Path:
-    """Read every run under `sweep_dir`, write the report and plots to `out_dir`; returns the .md path."""
+    """Read every run under `sweep_dir`, write the report and plots to `out_dir`; returns the .md path.
+    Files of an earlier report in another `out_dir` are replaced only with `force`."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir or sweep_dir)
     # Everything is read and checked before the first file is written.
@@ -53,20 +69,26 @@ def write_report(
     for cell in cells:  # a cell whose seeds differ in size is a sweep this report cannot compare
         cell.info("params"), cell.info("flops_per_token")
     published = paper_section(paper, cells) if paper else ""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots = {}
+    plots = {}  # caption -> file, in the report's order
     if cells:
-        plots["final validation loss per cell"] = plot_intervals(cells, out_dir / "val_loss_intervals.png").name
-        diffs = differences(cells, ref)
-        plots["paired difference from the reference"] = plot_differences(
-            cells, diffs, ref, out_dir / "val_loss_differences.png"
-        ).name
+        plots["final validation loss per cell"] = INTERVALS
+        plots["paired difference from the reference"] = DIFFERENCES
         if len(keys) == 2:
-            plots[f"final validation loss over {' x '.join(keys)}"] = plot_loss_heatmap(
-                cells, out_dir / "val_loss_heatmap.png"
-            ).name
-        plots["validation loss curves"] = plot_val_curves(cells, runs, out_dir / "val_loss_curves.png").name
-    report = out_dir / "ablation.md"
+            plots[f"final validation loss over {' x '.join(keys)}"] = HEATMAP
+        plots["validation loss curves"] = CURVES
+    # The sweep's own report is its to redraw (as plot_run redraws RUN/plots.png); elsewhere a file of that
+    # name may be anyone's.
+    if not (out_dir.exists() and out_dir.resolve() == sweep_dir.resolve()):
+        for name in [REPORT, *plots.values()]:
+            check_replaceable(out_dir / name, force)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cells:
+        plot_intervals(cells, out_dir / INTERVALS)
+        plot_differences(cells, differences(cells, ref), ref, out_dir / DIFFERENCES)
+        if len(keys) == 2:
+            plot_loss_heatmap(cells, out_dir / HEATMAP)
+        plot_val_curves(cells, runs, out_dir / CURVES)
+    report = out_dir / REPORT
     report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, planned_jobs(sweep_dir)))
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
@@ -74,21 +96,26 @@ def write_report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any folder of run dirs)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: sweep_dir)")
+    parser.add_argument("--out", type=out_dir_arg, default=None, help="where to write the report (default: sweep_dir)")
     parser.add_argument("--reference", default=None, help="the cell others are compared with, KEY=VALUE[,...]")
     needs = "; ".join(f"{name}: {' x '.join(keys)}" for name, (_, keys, _) in PAPERS.items())
     paper_help = (
         f"put a paper's results beside ours. The sweep must vary exactly the paper's keys ({needs}); one that "
         "lacks them or also varies another key is refused, naming it (report a folder with one value of it)"
     )
-    parser.add_argument("--paper", default=None, help=paper_help)
+    parser.add_argument("--paper", default=None, choices=list(PAPERS), help=paper_help)
+    parser.add_argument("--force", action="store_true", help="replace an earlier report's files in --out")
     args = parser.parse_args()
+    try:
+        parse_reference(args.reference)
+    except ValueError as e:  # a bad command line: argparse's one line and status 2
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        write_report(args.sweep_dir, args.out, args.reference, args.paper)
-    except (ValueError, FileNotFoundError) as e:
+        write_report(args.sweep_dir, args.out, args.reference, args.paper, args.force)
+    except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, name too long)
         sys.exit(f"error: {e}")
 
 

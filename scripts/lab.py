@@ -15,17 +15,26 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.schema_help import OneLineParser
 from lab.server import make_server, url_of
 from lab.session import LabSession
+from training.runtime import resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="A local web page to sample, look inside attention, switch heads off.")
+    parser = OneLineParser(description="A local web page to sample, look inside attention, switch heads off.")
     parser.add_argument("source", help="a checkpoint file or a run directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 = pick a free one (default)")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps (default: cpu)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
+    try:
+        resolve_device(args.device)  # a device this machine lacks is a bad option, as in sample.py
+    except ValueError as e:
+        parser.error(str(e))
+    return args
 
 
 def exit_without_finalizing(status: int) -> NoReturn:
@@ -39,8 +48,6 @@ def exit_without_finalizing(status: int) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        sys.exit(f"error: --port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
     try:
         session = LabSession(args.source, args.device)
     except (ValueError, FileNotFoundError) as e:

@@ -44,6 +44,10 @@ function lineChart(series, yLabel) {
     const d = s.points.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
     root.append(svg("path", { d, fill: "none", stroke: s.colour, "stroke-width": s.dashed ? 1.2 : 2,
       "stroke-dasharray": s.dashed ? "4 3" : "none", "data-series": s.name }));
+    if (s.points.length === 1) {  // a path of one point draws nothing (a run stopped after its first evaluation)
+      const [x, y] = s.points[0];
+      root.append(svg("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: s.colour, "data-series": s.name }));
+    }
     const ly = m.t + 8 + i * 18;
     root.append(svg("line", { x1: W - m.r + 14, x2: W - m.r + 34, y1: ly, y2: ly, stroke: s.colour, "stroke-width": 2,
       "stroke-dasharray": s.dashed ? "4 3" : "none" }));
@@ -75,7 +79,9 @@ function renderRuns(view) {
   if (series.length) chart.append(lineChart(series, view.kind === "run" ? "loss (nats/token)" : "val/loss (nats/token)"));
   else chart.append(el("p", { class: "hint", text: "no loss logged yet in metrics.jsonl" }));
   if (view.kind === "sweep") {
-    tables.append(el("h3", { class: "sub", text: "Ablation table (analysis/report.py)" }), dataTable(view.table));
+    if (view.table.header.length) {  // none where the report refuses these runs as one table: the note says why
+      tables.append(el("h3", { class: "sub", text: "Ablation table (analysis/report.py)" }), dataTable(view.table));
+    }
     tables.append(el("p", { class: "hint", text: view.note }));
     if (view.unfinished.rows.length) tables.append(dataTable(view.unfinished));
   }

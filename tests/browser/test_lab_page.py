@@ -154,6 +154,25 @@ def test_runs_tab_shows_curves_and_the_sweep_table_and_a_missing_run(page, sweep
     assert "does not exist" in page.wait_for_selector("#message:not([hidden])").inner_text()
 
 
+def test_runs_tab_draws_a_curve_of_one_point_and_says_why_a_folder_has_no_table(page, tmp_path):
+    """A run with one evaluation (killed after step 0) was an SVG path of a lone M: nothing drawn. A folder
+    of two runs of one config and seed shows their curves and the note, not an empty table."""
+    from tests.helpers import write_fake_run
+
+    for name in ("a", "b"):
+        write_fake_run(tmp_path / "outputs" / name, {"seed": 1}, 2.0)  # metrics.jsonl: one val/loss record
+    page.click("button[data-tab=runs]")
+    page.fill("#runs-path", str(tmp_path / "outputs" / "a"))
+    page.click("#runs-form button")
+    page.wait_for_selector("#runs-chart circle[data-series='val/loss']")
+    page.fill("#runs-path", str(tmp_path / "outputs"))
+    page.click("#runs-form button")
+    page.wait_for_selector("#runs-status:has-text('sweep of 2 runs')")
+    assert page.locator("#runs-chart circle").count() == 2
+    assert page.locator("#runs-tables table.data").count() == 0
+    assert "no ablation table: " in page.inner_text("#runs-tables")
+
+
 def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, session, tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a checkpoint at all")

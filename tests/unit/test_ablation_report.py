@@ -200,6 +200,17 @@ def test_a_failed_jobs_swept_value_comes_from_its_hydra_overrides(tmp_path):
     assert "never started" not in report
 
 
+def test_a_sweep_whose_every_job_failed_still_names_its_swept_key(tmp_path):
+    """train.py -m +debug=tiny model.n_head=3,5: no cell completes, and the report's columns came from the
+    cells, so it said 'Swept keys: none' and listed both failures without their n_head."""
+    for job, n_head in enumerate((3, 5)):
+        failed_job(tmp_path / str(job), n_head, 0)
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "Swept keys (every config value that differs across the runs): model.n_head." in report
+    assert "| run | model.n_head | seed | status |" in report
+    assert f"| 0 | 3 | 0 | {FAILED_AT_START} |" in report and f"| 1 | 5 | 0 | {FAILED_AT_START} |" in report
+
+
 def test_jobs_a_killed_sweep_never_started_are_counted_from_its_plan(tmp_path):
     write_fake_run(tmp_path / "0", config(0, "o0"), 2.0)
     write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
@@ -215,3 +226,84 @@ def test_a_plan_from_the_sweepers_params_counts_the_recipes_jobs(tmp_path):
     (tmp_path / "multirun.yaml").write_text(f"hydra:\n  sweeper:\n{params}{task}")
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "multirun.yaml plans 6 jobs and 1 has a job directory: 5 never started" in report
+
+
+def test_a_record_file_that_cannot_be_read_makes_an_unreadable_run_not_a_traceback(tmp_path, monkeypatch):
+    """A permission or I/O error on one run's files (another user's run, a flaky mount) lists that run,
+    naming the file, and the report and the lab's Runs view go on (it was an OSError traceback / a 500)."""
+    from lab import runs as lab_runs
+
+    lr_sweep(tmp_path / "sweep")
+    locked = write_fake_run(tmp_path / "sweep" / "locked", config(3, "x", lr=1e-2), 1.0)
+    real_read_text = Path.read_text
+
+    def read_text(path: Path, *args, **kwargs) -> str:
+        if path.parent == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    runs = {r.path.name: r for r in find_runs(tmp_path / "sweep")}
+    assert runs["locked"].status == UNREADABLE
+    assert runs["locked"].error.startswith("metrics.jsonl cannot be read (Permission denied)")
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert f"| locked | null | null | {UNREADABLE} | — | metrics.jsonl cannot be read (Permission denied);" in report
+    view = lab_runs.view(tmp_path / "sweep")
+    assert {r["name"]: r["curves"] for r in view["runs"]}["locked"] == {}
+    with pytest.raises(ValueError, match=r"^metrics.jsonl of .*locked' cannot be read \(Permission denied\)$"):
+        lab_runs.view(locked)
+
+
+def test_a_jobs_error_is_its_own_record_not_a_later_lines_text(tmp_path):
+    """The error column reads the ERROR record and, for a logged traceback, its last line; the lines of
+    records logged after it (a multi-line INFO of a later job in the same log) are not that error."""
+    from analysis.sweep import last_error
+
+    stamp = "[2026-01-01 00:00:00,000]"
+    log = tmp_path / "train.log"
+    log.write_text(
+        f"{stamp}[train][ERROR] - out_dir holds another run's files\n"
+        f"{stamp}[training.trainer][INFO] - model 0.16M params\nrun directory sweep/3 (full config: config.yaml)\n"
+    )
+    assert last_error(log) == "out_dir holds another run's files"
+    log.write_text(
+        f"{stamp}[train][ERROR] - training failed\nTraceback (most recent call last):\n  File x\nRuntimeError: boom\n"
+        f"{stamp}[train][INFO] - shutting down\nsecond line\n"
+    )
+    assert last_error(log) == "RuntimeError: boom"
+
+
+def test_a_crashed_run_with_one_evaluation_is_drawn_with_a_marker(tmp_path, monkeypatch):
+    """A crashed run's partial curve of one point was a dashed line without markers: nothing was drawn."""
+    from matplotlib.axes import Axes
+
+    lr_sweep(tmp_path)
+    write_fake_run(tmp_path / "crashed", config(3, "c", lr=1e-2), None)  # one val/loss record, no summary
+    drawn, plot = [], Axes.plot
+    monkeypatch.setattr(
+        Axes, "plot", lambda ax, x, y, **kw: drawn.append((len(x), kw.get("marker"))) or plot(ax, x, y, **kw)
+    )
+    write_report(tmp_path, tmp_path / "out")
+    assert all(marker for _, marker in drawn) and (1, ".") in drawn, drawn
+
+
+def test_steps_and_seeds_are_listed_in_numeric_order(tmp_path):
+    """By their text, seeds 2 and 10 read '10, 2' and step counts 100 and 20 read '100/20'."""
+    for seed, steps in ((2, 20), (10, 100), (9, 20)):
+        run = write_fake_run(tmp_path / f"s{seed}", config(seed, f"o{seed}"), 1.5)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {"step": steps}))
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| 20/100 |" in report and "| 2, 9, 10 |" in report
+
+
+def test_a_run_folder_named_with_a_bar_keeps_the_unfinished_table_whole(tmp_path):
+    """A '|' in a run's folder name split its row into an extra column (values are escaped, the name was not)."""
+    from lab.runs import split_table
+
+    lr_sweep(tmp_path)
+    write_fake_run(tmp_path / "lr=0.01|s3", config(3, "c", lr=1e-2), None)
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert f"| lr=0.01\\|s3 | 0.01 | 3 | {CRASHED} | 10 | — |" in report
+    unfinished = report[report.index("1 of 7 runs") :]
+    assert split_table(unfinished)["rows"] == [["lr=0.01|s3", "0.01", "3", CRASHED, "10", "—"]]

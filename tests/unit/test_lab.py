@@ -122,6 +122,31 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
     assert runs.markdown_rows(text) == [["a", "b"], ["x | y", "2"]]
     with pytest.raises(FileNotFoundError, match="no runs under"):
         runs.view(run_dir / "checkpoints")
+    with pytest.raises(FileNotFoundError, match=r"^'.*metrics.jsonl' is a file; give a run or sweep directory$"):
+        runs.view(run_dir / "metrics.jsonl")  # it said the file 'does not exist'
+
+
+def test_runs_path_is_read_as_open_reads_its_path_without_surrounding_spaces(session, run_dir):
+    """A path pasted with a trailing newline or space: Open (/api/load) took it, Runs said 'does not exist'."""
+    assert api.run_view(session, {"path": f"  {run_dir}\n"})["path"] == str(run_dir)
+    with pytest.raises(ValueError, match="give a run directory or a sweep directory"):
+        api.run_view(type("NoRun", (), {"run_dir": None})(), {"path": "  "})
+
+
+def test_runs_view_of_a_folder_without_an_ablation_table_still_shows_every_runs_curves(tmp_path):
+    """outputs/ after `python train.py` twice holds two runs of one config and seed: the report refuses to
+    make them a table, but the Runs tab still draws both curves and says why there is no table (the whole
+    view was a 400)."""
+    from tests.helpers import write_fake_run
+
+    for name in ("10-00-00", "11-00-00"):
+        write_fake_run(tmp_path / "outputs" / "2026-12-02" / name, {"seed": 1337}, 2.0)
+    view = runs.view(tmp_path / "outputs")
+    assert [r["curves"] for r in view["runs"]] == [{"val/loss": [(10, 3.0)]}] * 2
+    assert view["table"] == {"header": [], "rows": []}
+    assert re.fullmatch(
+        r"no ablation table: .*10-00-00 and .*11-00-00 are both all runs with seed 1337; keep one of them", view["note"]
+    )
 
 
 def test_sampling_settings_are_checked_with_one_line_errors():
@@ -145,6 +170,10 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
         400,
         b'{"error": "the request body is not JSON"}',
     ), "nested too deep for the parser (RecursionError) is a bad body too, not a 500"
+    assert post(url, "/api/attention", b'{"layer": ' + b"9" * 5000 + b"}") == (
+        400,
+        b'{"error": "the request body is not JSON"}',
+    ), "an integer of more digits than Python converts (it answered: use sys.set_int_max_str_digits())"
     assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
         400,
         json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
@@ -192,9 +221,13 @@ def test_integer_parameters_take_integers_or_their_text_and_refuse_the_rest():
     settings = api.sampling_settings({"max_tokens": "12", "seed": 3, "top_k": "5", "temperature": "0.5"})
     assert (settings.max_new_tokens, settings.seed, settings.top_k, settings.temperature) == (12, 3, 5, 0.5)
     assert api.heads_from({"heads_off": [[1, 0], ["0", "1"]]}) == [(1, 0), (0, 1)]
-    for value in (2.0, "2.5", False, [2], {}):
+    for value in (2.0, "2.5", False, [2], {}, " 5 ", "1_0", "\u0663", "9" * 5000):  # \u0663: an Arabic-Indic 3
         with pytest.raises(ValueError, match=r"^max_tokens=.* is not an integer; give a whole number"):
             api.integer("max_tokens", value)
+    assert [api.number("top_p", v) for v in (1, "0.5", ".5", "-2", "1e-3", "5.")] == [1.0, 0.5, 0.5, -2.0, 1e-3, 5.0]
+    for value in (True, " 0.5", "1_0.5", "0x1p-2", "\u0660.5", "0.5.1", "e3"):
+        with pytest.raises(ValueError, match=r"^top_p=.* is not a number; give one such as 0.8"):
+            api.number("top_p", value)
 
 
 def raw_exchange(url: str, request: bytes) -> bytes:
@@ -269,13 +302,23 @@ def test_the_page_loads_nothing_from_outside():
     assert sorted(named) == sorted(p.name for p in STATIC.iterdir() if p.name != "index.html")
 
 
-def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path):
+def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsys):
+    """A checkpoint it cannot load exits 1; a bad command line is argparse's status 2, in one `error:` line
+    (it printed the usage too, and --port 99999 exited 1)."""
     from scripts.lab import main
 
     with pytest.raises(SystemExit, match=r"^error: .*missing' does not exist; give a checkpoint file or a run"):
         main([str(tmp_path / "missing")])
-    with pytest.raises(SystemExit, match=r"^error: --port 99999 is invalid; it must be 0 to 65535"):
-        main([str(tmp_path), "--port", "99999"])
+    bad = {
+        ("--port", "99999"): "error: --port 99999 is invalid; it must be 0 to 65535 (0 = a free one) (see --help)",
+        ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
+        ("--hots", "x"): "error: unrecognized arguments: --hots x (see --help)",
+        ("--device", "gpu"): "error: device='gpu' is invalid; use auto, cpu, cuda, cuda:N or mps (see --help)",
+    }
+    for args, message in bad.items():
+        with pytest.raises(SystemExit) as exit_:
+            main([str(tmp_path), *args])
+        assert (exit_.value.code, capsys.readouterr().err) == (2, message + "\n")
 
 
 def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
@@ -305,3 +348,39 @@ def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
         process.kill()
         process.wait()
     assert (process.returncode, stderr) == (0, "")
+
+
+CLOSING_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/api/info"), ("GET", "/"), ("POST", "/api/nope")])
+def test_a_body_the_route_does_not_use_is_read_not_taken_for_the_next_request(url, method, path):
+    """A GET (or a POST to no API) with a body: its bytes are read and dropped, so a body that looks like a
+    request is not answered as one (it was: three answers for two requests)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: lab\r\nContent-Length: {len(NEXT_REQUEST)}\r\n\r\n".encode()
+    answer = raw_exchange(url, head + NEXT_REQUEST + CLOSING_REQUEST)
+    assert answer.count(b"HTTP/1.1 ") == 2, answer[:300]
+
+
+def test_a_too_large_body_sent_whole_still_gets_its_answer(url):
+    """A client that sends the whole body before it reads (urllib, requests) reads the 413, instead of the
+    connection reset that closing on the unread bytes gave (BrokenPipeError / ConnectionResetError)."""
+    status, answer = post(url, "/api/attention", b"x" * (20 * MAX_BODY))
+    assert (status, json.loads(answer)) == (
+        413,
+        {"error": f"the request has {20 * MAX_BODY} bytes; the lab takes at most {MAX_BODY}"},
+    )
+    assert post(url, "/api/attention", {"prompt": "the"})[0] == 200, "and the server keeps serving"
+
+
+def test_what_http_server_refuses_itself_is_json_too(url):
+    """An unsupported method or a request line too long came back as http.server's HTML page; the lab's
+    errors are JSON {"error": ...}, and a HEAD answer has no body."""
+    answer = raw_exchange(url, b"PUT /api/info HTTP/1.1\r\nHost: lab\r\nContent-Length: 0\r\n\r\n")
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 501 ") and b"Content-Type: application/json" in head, answer
+    assert json.loads(body) == {"error": "Unsupported method ('PUT')"}
+    answer = raw_exchange(url, b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 414 ") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"], answer
+    answer = raw_exchange(url, b"HEAD / HTTP/1.1\r\nHost: lab\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 501 ") and answer.endswith(b"\r\n\r\n"), answer

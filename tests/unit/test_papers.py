@@ -59,6 +59,16 @@ def test_vaswani_b_checks_each_smaller_d_k_against_the_widest(tmp_path):
     }
 
 
+def test_vaswani_b_reads_a_null_d_k_as_the_head_size_it_ran_with(tmp_path):
+    """model.d_k=null,4,8 (null: d_model / n_head, 16 here) was a TypeError traceback comparing None with 4."""
+    section = paper_section("vaswani_b", sweep(tmp_path, {(None,): 2.0, (4,): 2.3, (8,): 2.1}, ("d_k",)))
+    assert "| 16 | 5.16 | +0.0476 | 2.0000 | +0.0000 |" in section and "| 4 | — | — | 2.3000 | +0.3000 |" in section
+    assert claims(section) == {
+        "reducing d_k from 16 to 4 hurts": "agrees",
+        "reducing d_k from 16 to 8 hurts": "agrees",
+    }
+
+
 def test_bhojanapalli_compares_the_split_with_a_fixed_head_size(tmp_path):
     losses = {(1, None): 2.3, (8, None): 2.4, (1, 32): 2.25, (8, 32): 2.1}
     verdicts = claims(paper_section("bhojanapalli", sweep(tmp_path, losses, ("n_head", "d_k"))))
@@ -103,3 +113,22 @@ def test_a_sweep_over_more_keys_than_the_paper_compares_is_refused_naming_them(t
     extra = r"--paper vaswani_a compares cells that differ only in model.n_head; this sweep also varies model.lr"
     with pytest.raises(ValueError, match=extra):
         paper_section("vaswani_a", cells)
+
+
+def test_vaswani_a_compares_a_best_cell_with_the_next_best_not_by_its_mean_alone(tmp_path):
+    """One head best by its mean, within the seed spread of two heads, is unresolved, not 'differs'; a sweep
+    whose other cells never finished has nothing to compare (it read 'differs' for both claims)."""
+    for seed, (one, two) in enumerate(((2.00, 2.05), (2.10, 2.06), (2.05, 2.07))):
+        write_fake_run(tmp_path / "a" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, one, n_head=1)
+        write_fake_run(tmp_path / "a" / f"h2_s{seed}", {"seed": seed, "model": {"n_head": 2}}, two, n_head=2)
+    runs = find_runs(tmp_path / "a")
+    assert claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs)))) == {
+        "one head is clearly worse than the best head count": "unresolved: our interval includes 0",
+        "too many heads is worse again (our most: 2)": "unresolved: our interval includes 0",
+    }
+    for seed in range(2):
+        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, 2.0, n_head=1)
+        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, None, n_head=4)
+    runs = find_runs(tmp_path / "b")
+    verdicts = claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs))))
+    assert set(verdicts.values()) == {"not measured: the sweep has one completed cell, nothing to compare it with"}

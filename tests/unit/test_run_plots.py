@@ -104,3 +104,34 @@ def test_an_existing_out_is_replaced_only_with_force_but_the_runs_own_plot_is_re
     for _ in range(2):  # RUN/plots.png is the run's own figure (the trainer draws it too): redrawn freely
         main([str(run)])
         assert capsys.readouterr().out == f"wrote {run / 'plots.png'}\n"
+
+
+def test_a_run_with_a_single_record_is_drawn_with_markers(tmp_path, monkeypatch):
+    """One point of a line without a marker draws nothing: a run killed after its first log showed six empty
+    panels with a legend. Every series of one point gets a marker."""
+    from matplotlib.axes import Axes
+
+    run = tmp_path / "one"
+    run.mkdir()
+    record = {"step": 5, "train/loss": 8.3, "lr": 1e-3, "throughput/tokens_per_s": 100.0, "time/elapsed_s": 1.0}
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    drawn, plot = [], Axes.plot
+    monkeypatch.setattr(
+        Axes, "plot", lambda ax, xs, *a, **kw: drawn.append((len(xs), kw.get("marker"))) or plot(ax, xs, *a, **kw)
+    )
+    plot_runs([run], tmp_path / "one.png")
+    assert len(drawn) == 6 and all(n == 1 and marker for n, marker in drawn), drawn
+
+
+def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    """An I/O error reading metrics.jsonl said only 'error: [Errno 5] Input/output error'."""
+    run = write_run(tmp_path / "run")
+
+    def read_text(path: Path, *args, **kwargs) -> str:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with pytest.raises(SystemExit) as e:
+        main([str(run), "--out", str(tmp_path / "p.png")])
+    assert e.value.code == f"error: {str(run / 'metrics.jsonl')!r} cannot be read (Input/output error)"
+    assert not (tmp_path / "p.png").exists()
