@@ -43,7 +43,9 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
                 name, _, value = line[1:].strip().partition(" ")
                 if name in ("q", "quit", "exit"):
                     return cfg
-                cfg = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+                changed = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+                sampler.params(changed)  # refused now, not at every later prompt (a context_length past block_size)
+                cfg = changed
             else:
                 text = line[1:] if line.startswith("::") else line
                 sampler.sample(text.replace("\\n", "\n"), cfg, out)

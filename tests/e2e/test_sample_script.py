@@ -383,3 +383,15 @@ def test_every_tool_in_scripts_runs_as_a_file(tool, tmp_path):
         timeout=120,
     )
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_repl_refuses_a_setting_the_model_cannot_take_when_it_is_typed(run_dir, capsys, monkeypatch):
+    # :context_length past a learned-position model's block_size was kept, so every later prompt failed
+    script = ":context_length 999\nROMEO:\n:show\n"
+    code, out, err = cli(capsys, [str(run_dir), "-i", "--max-new-tokens", "4"], script, monkeypatch)
+    assert code == 0
+    assert err.splitlines() == [
+        "error: context_length=999 is invalid; it must be >= 1 and, with learned positions, <= block_size (32)"
+    ]
+    assert out.splitlines()[0].startswith("ROMEO:") and len(out.splitlines()[0]) == len("ROMEO:") + 4
+    assert "context_length=null" in out.splitlines()[1]
