@@ -243,8 +243,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, a name too long)
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("wrote %s", path)
 
 

@@ -84,3 +84,10 @@ def test_head_importance_on_cuda_without_cuda_is_one_line(tmp_path):
     char_checkpoint(tmp_path)
     message = r"device='cuda' was asked for but CUDA is not available; use device=auto or cpu$"
     assert_one_error_line(tmp_path, ["scripts/head_importance.py", "ckpt.safetensors", "--device", "cuda"], message)
+
+
+def test_head_importance_an_out_directory_the_system_refuses_is_one_line(tmp_path):
+    # an OSError (here ENAMETOOLONG; a read-only or forbidden directory alike) ended in a traceback
+    char_checkpoint(tmp_path)
+    message = r"^error: \[Errno 36\] File name too long"
+    assert_one_error_line(tmp_path, ["scripts/head_importance.py", "ckpt.safetensors", "--out", "x" * 300], message)
