@@ -33,6 +33,7 @@ from analysis.head_importance import (
     uniform_entropy,
 )
 from analysis.outputs import check_out_dir
+from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
@@ -227,7 +228,7 @@ def write_head_importance(target: Path, out: Path, tokens: int, device: str, tex
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", type=Path, help="a .safetensors checkpoint, or a run directory")
     parser.add_argument("--out", type=Path, default=Path("head_importance"), help="directory to write to")
     parser.add_argument(
