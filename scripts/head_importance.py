@@ -6,7 +6,8 @@
 A run directory means its checkpoints/best.safetensors. The loss is measured on fixed windows of
 block_size tokens: the first --tokens of the checkpoint's own validation split (its data config,
 prepared or reused from the cache), windows drawn with a fixed seed; or consecutive windows of
---text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png.
+--text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png
+(an existing one is replaced only with --force).
 """
 
 import argparse
@@ -32,7 +33,7 @@ from analysis.head_importance import (
     single_head_effects,
     uniform_entropy,
 )
-from analysis.outputs import check_out_dir
+from analysis.outputs import check_out_dir, check_replaceable
 from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
@@ -46,6 +47,7 @@ log = logging.getLogger("head_importance")
 WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
 BATCH_SIZE = 8
 STATS_WINDOWS = 32  # attention statistics walk one window at a time: the first 32 windows are plenty
+OUTPUTS = ("head_importance.json", "head_heatmaps.png", "pruning_curve.png", "head_importance.md")
 PANELS = {  # key in the results -> heatmap title
     "delta_loss": "loss change, head alone masked (nats)",
     "importance": "importance |dL/dgate|, per-layer normalised",
@@ -214,17 +216,21 @@ def markdown(results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_head_importance(target: Path, out: Path, tokens: int, device: str, text: Path | None = None) -> Path:
+def write_head_importance(
+    target: Path, out: Path, tokens: int, device: str, text: Path | None = None, force: bool = False
+) -> Path:
     if tokens < 1:
         raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
     check_out_dir(out)
+    for name in OUTPUTS:  # before measuring: a second run must not replace the first's report unasked
+        check_replaceable(out / name, force)
     results = analyse(find_checkpoint(target), tokens, resolve_device(device), text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "head_importance.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot_heatmaps(results, out / "head_heatmaps.png")
-    plot_pruning(results, out / "pruning_curve.png")
-    (out / "head_importance.md").write_text(markdown(results))
-    return out / "head_importance.md"
+    (out / OUTPUTS[0]).write_text(json.dumps(results, indent=1) + "\n")
+    plot_heatmaps(results, out / OUTPUTS[1])
+    plot_pruning(results, out / OUTPUTS[2])
+    (out / OUTPUTS[3]).write_text(markdown(results))
+    return out / OUTPUTS[3]
 
 
 def main() -> None:
@@ -240,10 +246,11 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--text", type=Path, default=None, help="measure on this text file instead of val data")
+    parser.add_argument("--force", action="store_true", help="replace the report files if --out holds them")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text)
+        path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text, args.force)
     except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, a name too long)
         sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("wrote %s", path)

@@ -1,6 +1,7 @@
 """scripts/head_importance.py on a real tiny run: table, JSON and plots; bad targets are one error line."""
 
 import json
+import re
 
 import pytest
 
@@ -55,3 +56,18 @@ def test_bad_targets_are_one_error_line_and_write_nothing(tiny_run, tmp_path, ar
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), done.stderr
     assert not (tmp_path / "hi").exists()
+
+
+def test_an_existing_report_is_replaced_only_with_force(tiny_run, tmp_path):
+    # a second run into the same --out silently replaced the four files of the first
+    out = tmp_path / "hi"
+    out.mkdir()
+    (out / "head_importance.md").write_text("precious\n")
+    message = f"--out {str(out / 'head_importance.md')!r} already exists; pass --force to replace it"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        write_head_importance(tiny_run, out, tokens=256, device="cpu")
+    assert (out / "head_importance.md").read_text() == "precious\n" and sorted(out.iterdir()) == [
+        out / "head_importance.md"
+    ]
+    write_head_importance(tiny_run, out, tokens=256, device="cpu", force=True)
+    assert (out / "head_importance.md").read_text().startswith("# Head importance")
