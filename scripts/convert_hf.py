@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         else:
             model, path = import_hf(args.hf_dir, args.checkpoint, args.force)
-            print(f"wrote {path} ({model.num_params() / 1e6:.1f}M parameters)")
+            print(f"wrote {path} ({model.num_params() / 1e6:.2f}M parameters)")  # as the training header
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
