@@ -19,7 +19,8 @@ REPL_HELP = """Type a prompt and press Enter to sample it; "\\n" in a prompt is 
 starts with ":". Commands:
   :temperature X   :top_k N|none   :top_p X|none   :seed N|none   :max N (max_new_tokens)
   :context_length N|none   :use_cache on|off   :num_samples N   :stream on|off   :stop_at_eot on|off
-  :show   the settings       :help   this text       :quit   leave (end of input does too)"""
+  :show   the settings       :help   this text       :quit   leave (end of input does too)
+Ctrl-C stops the sample being written; at the prompt it leaves."""
 
 
 def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: TextIO) -> SampleConfig:
@@ -51,6 +52,10 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
                 sampler.sample(text.replace("\\n", "\n"), cfg, out)
         except ValueError as e:
             err.write(f"error: {e}\n")
+        except KeyboardInterrupt:  # Ctrl-C stops this sample; the loaded model stays for the next prompt
+            out.write("\n")
+            out.flush()
+            err.write("interrupted; the next prompt samples again (:quit or end of input leaves)\n")
 
 
 def repl_command(name: str, value: str, cfg: SampleConfig, out: TextIO) -> SampleConfig:

@@ -395,3 +395,27 @@ def test_the_repl_refuses_a_setting_the_model_cannot_take_when_it_is_typed(run_d
     ]
     assert out.splitlines()[0].startswith("ROMEO:") and len(out.splitlines()[0]) == len("ROMEO:") + 4
     assert "context_length=null" in out.splitlines()[1]
+
+
+def test_ctrl_c_in_the_middle_of_a_repl_sample_stops_that_sample_not_the_session(run_dir, capsys, monkeypatch):
+    # Ctrl-C ended the whole REPL (exit 130), so the next prompt had to load the model again
+    from scripts import sample_repl
+
+    calls = []
+
+    class Interrupted(sample_repl.Sampler):
+        def sample(self, text, cfg, out):
+            calls.append(text)
+            if len(calls) == 1:
+                out.write(text + "partial")
+                raise KeyboardInterrupt
+            return super().sample(text, cfg, out)
+
+    cfg = parse_args([str(run_dir), "-i", "--max-new-tokens", "4", "--device", "cpu"])
+    stdin = io.StringIO("ROMEO:\nKING\n")
+    out, err = io.StringIO(), io.StringIO()
+    sample_repl.repl(Interrupted(cfg), cfg, stdin, out, err)
+    assert calls == ["ROMEO:", "KING"]
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "ROMEO:partial" and lines[1].startswith("KING") and len(lines[1]) == len("KING") + 4
+    assert err.getvalue() == "interrupted; the next prompt samples again (:quit or end of input leaves)\n"
