@@ -226,7 +226,7 @@ def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
-        text = text.removesuffix("\n")  # echo's newline, not part of the prompt
+        text = text.removesuffix("\n").removesuffix("\r")  # echo's line end (\r\n on Windows), not the prompt's
     else:
         text = cfg.prompt
     if not text:

@@ -120,6 +120,14 @@ def test_stdin_prompt_drops_only_echos_newline(run_dir, capsys, monkeypatch):
     assert out == cli(capsys, [str(run_dir), "KING (aside):", "--temperature", "0", "--max-new-tokens", "6"])[1]
 
 
+def test_stdin_prompt_drops_a_windows_line_end_as_the_repl_does(run_dir, capsys, monkeypatch):
+    # "ROMEO:\r\n" kept its "\r": a char model refused it as unknown, a BPE one continued after it
+    args = [str(run_dir), "-", "--temperature", "0", "--max-new-tokens", "6"]
+    code, out, err = cli(capsys, args, stdin="KING (aside):\r\n", monkeypatch=monkeypatch)
+    assert (code, err) == (0, "")
+    assert out == cli(capsys, [str(run_dir), "KING (aside):", "--temperature", "0", "--max-new-tokens", "6"])[1]
+
+
 def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_path):
     ckpt = str(run_dir)
     hydra_words = [f"checkpoint={ckpt}", "prompt=ROMEO:", "temperature=0", "max_new_tokens=200", "stream=true"]
