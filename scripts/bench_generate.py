@@ -27,10 +27,26 @@ if __package__ in (None, ""):  # run as a file (python scripts/bench_generate.py
 
 import torch
 
+from cli.schema_help import OneLineParser
 from model import GPT, GPTConfig
 
 PROMPT = 64
 BLOCK_SIZE = 2048
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else one `error:` line before any model is built."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; it must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is invalid; it must be an integer >= {low}")
+        return value
+
+    return parse
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -81,11 +97,13 @@ def uncached_latency(model: GPT, position: int, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vocab", type=int, default=65, help="vocabulary size (65: Shakespeare chars; 50257: GPT-2)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cached measurement (median)")
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--vocab", type=at_least(1), default=65, help="vocabulary size (65: Shakespeare chars; 50257: GPT-2)"
+    )
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="runs per cached measurement (median)")
     parser.add_argument("--quick", action="store_true", help="skip the 1024-token rows")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
