@@ -1,13 +1,14 @@
 """Benchmark generation: KV-cached vs uncached decoding, per-token latency, and HF GPT-2 for comparison.
 
-    python scripts/bench_generate.py                 # default model (configs/model/small.yaml), vocab 65
+    python scripts/bench_generate.py                 # the GPT-2-layout model below, vocab 65
     python scripts/bench_generate.py --vocab 50257   # GPT-2's vocabulary: the LM head dominates
     python scripts/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
     python scripts/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
                                                      # a second thread only helps on an otherwise idle CPU
 
-Model: 4 layers, d_model 256, 4 heads of d_k 64 (configs/model/small.yaml) but block_size 2048, so
-that 64 prompt + 1024 new tokens never reach the sliding window. Random weights, fp32, batch 1,
+Model: 4 layers, d_model 256, 4 heads of d_k 64, learned positions (the earlier default, not today's
+configs/model/small.yaml: d_model 128, RoPE + QK-norm), so HF's GPT-2 has the same shape; block_size
+2048, so that 64 prompt + 1024 new tokens never reach the sliding window. Random weights, fp32, batch 1,
 greedy decoding (temperature 0) everywhere, so every path does the same work per token.
 tokens/s = new tokens / median wall time of whole `generate` calls (prefill of the 64-token prompt
 included); latency = median of 32 single decode steps with the cache holding `position` tokens.
