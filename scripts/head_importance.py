@@ -88,6 +88,13 @@ def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None
         windows = torch.stack([ids[i * block_size : (i + 1) * block_size + 1] for i in range(n)])  # (n, T+1)
         return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
     data = prepare(DataConfig(**ckpt_meta["config"]["data"]), progress=False)
+    prepared = data.tokenizer_meta
+    if json.dumps(prepared, sort_keys=True) != json.dumps(ckpt_meta["tokenizer"], sort_keys=True):
+        # the same ids would mean other tokens: the numbers would be wrong, not an error
+        raise ValueError(
+            f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
+            f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
+        )
     num_batches = max(1, math.ceil(tokens / (BATCH_SIZE * block_size)))
     return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
 

@@ -8,6 +8,7 @@ import pytest
 from cli.config import to_train_config
 from scripts.head_importance import write_head_importance
 from tests.helpers import ROOT, compose_config, run_cli
+from training.checkpoint import load_model, save_checkpoint
 from training.trainer import train
 
 
@@ -71,3 +72,15 @@ def test_an_existing_report_is_replaced_only_with_force(tiny_run, tmp_path):
     ]
     write_head_importance(tiny_run, out, tokens=256, device="cpu", force=True)
     assert (out / "head_importance.md").read_text().startswith("# Head importance")
+
+
+def test_a_checkpoint_whose_tokenizer_is_not_its_data_configs_is_refused(tiny_run, tmp_path):
+    # the val split was read with the data config's tokenizer whatever the checkpoint's was: other
+    # characters behind the same ids gave wrong numbers silently (a larger vocabulary, an IndexError)
+    model, ckpt = load_model(tiny_run / "checkpoints" / "best.safetensors")
+    chars = ckpt.meta["tokenizer"]["chars"]
+    meta = {**ckpt.meta, "tokenizer": {**ckpt.meta["tokenizer"], "chars": chars[::-1]}}
+    other = save_checkpoint(tmp_path / "other.safetensors", model, None, meta)
+    with pytest.raises(ValueError, match=r"tokenizer differs from the one its data config prepares .* give --text"):
+        write_head_importance(other, tmp_path / "hi", tokens=256, device="cpu")
+    assert not (tmp_path / "hi").exists()
