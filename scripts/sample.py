@@ -214,8 +214,10 @@ def refuse_conflicting_prompts(given: dict[str, object]) -> None:
 def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     if cfg.prompt_file:
         path = Path(cfg.prompt_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist or is not a file")
+        if path.is_dir():
+            raise ValueError(f"prompt_file {str(path)!r} is a directory; give a UTF-8 text file")
+        if not path.exists():  # a pipe is fine: --prompt-file <(printf 'ROMEO:'), a named FIFO
+            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:

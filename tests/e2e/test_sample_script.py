@@ -427,3 +427,17 @@ def test_ctrl_c_in_the_middle_of_a_repl_sample_stops_that_sample_not_the_session
     lines = out.getvalue().splitlines()
     assert lines[0] == "ROMEO:partial" and lines[1].startswith("KING") and len(lines[1]) == len("KING") + 4
     assert err.getvalue() == "interrupted; the next prompt samples again (:quit or end of input leaves)\n"
+
+
+def test_a_prompt_file_may_be_a_pipe(run_dir, tmp_path, capsys):
+    # `--prompt-file <(printf ROMEO:)` and named pipes were refused as "does not exist or is not a file"
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'KING (aside):' > '{fifo}'"])
+    args = ["--temperature", "0", "--max-new-tokens", "6"]
+    code, out, err = cli(capsys, [str(run_dir), "--prompt-file", str(fifo), *args])
+    writer.wait(timeout=30)
+    assert (code, err) == (0, "")
+    assert out == cli(capsys, [str(run_dir), "KING (aside):", *args])[1]
+    code, _, err = cli(capsys, [str(run_dir), "--prompt-file", str(tmp_path), *args])
+    assert code == 1 and err == f"error: prompt_file {str(tmp_path)!r} is a directory; give a UTF-8 text file\n"
