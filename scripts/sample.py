@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     except ValueError as e:  # a bad command line: 2, as argparse's own errors (--top-k 1.5) are
         exit_with_error(e, 2)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives no stream to write to
+        exit_with_error(OSError("stdout is closed; there is nowhere to write the sample"), 1)
     try:
         if cfg.interactive:
             from scripts.sample_repl import repl  # here: the REPL module imports this one

@@ -441,3 +441,12 @@ def test_a_prompt_file_may_be_a_pipe(run_dir, tmp_path, capsys):
     assert out == cli(capsys, [str(run_dir), "KING (aside):", *args])[1]
     code, _, err = cli(capsys, [str(run_dir), "--prompt-file", str(tmp_path), *args])
     assert code == 1 and err == f"error: prompt_file {str(tmp_path)!r} is a directory; give a UTF-8 text file\n"
+
+
+def test_a_closed_stdout_is_one_error_line(run_dir, capsys, monkeypatch):
+    # `sample.py RUN ROMEO: >&-` (Python's sys.stdout is then None) ended in an AttributeError traceback
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(SystemExit) as e:
+        main([str(run_dir), "ROMEO:", "--max-new-tokens", "3"])
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "error: stdout is closed; there is nowhere to write the sample\n"
