@@ -70,6 +70,17 @@ def check_context_length(model: "GPT", context_length: int | None) -> int:
     return context_length
 
 
+def check_prompt(model: "GPT", idx: Tensor) -> None:
+    """ValueError unless idx is a (B, T >= 1) batch of ids the embedding holds: caught here in one line,
+    not as an IndexError deep in the model (on CUDA, a device-side assert). One host sync per call."""
+    if idx.ndim != 2 or idx.shape[1] == 0:
+        raise ValueError(f"the prompt idx has shape {tuple(idx.shape)}; it must be (B, T) with T >= 1")
+    vocab = model.config.vocab_size
+    for bad in (int(idx.min()), int(idx.max())):
+        if not 0 <= bad < vocab:
+            raise ValueError(f"the prompt holds token id {bad}; ids must be in [0, {vocab})")
+
+
 @torch.no_grad()
 def stream_tokens(
     model: "GPT",
@@ -85,6 +96,7 @@ def stream_tokens(
     generator: overrides params.seed; with neither, torch's global generator is used.
     """
     context = check_context_length(model, params.context_length)
+    check_prompt(model, idx)
     if generator is None and params.seed is not None:
         generator = params.make_generator(idx.device)
     max_new_tokens, stop_token = params.max_new_tokens, params.stop_token
@@ -163,6 +175,7 @@ def stream(
         context_length=context_length,
     )
     check_context_length(model, context_length)
+    check_prompt(model, idx)
     return stream_tokens(model, idx, params, generator, padding_mask)
 
 

@@ -36,6 +36,11 @@ log = logging.getLogger("attention_map")
 
 def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str = "") -> Path:
     """maps (n_layer, n_head, T, T) -> a PNG grid with the token labels on both axes."""
+    with matplotlib.rc_context({"text.parse_math": False}):  # a prompt's "$...$" is text, not a TeX formula
+        return draw_attention(maps, labels, path, title)
+
+
+def draw_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str) -> Path:
     L, H, T, _ = maps.shape
     panel = min(max(2.2, 0.16 * T + 0.8), 8.0)
     fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.0, panel * L + 0.6), squeeze=False, layout="constrained")

@@ -1,13 +1,14 @@
 """Benchmark generation: KV-cached vs uncached decoding, per-token latency, and HF GPT-2 for comparison.
 
-    python scripts/bench_generate.py                 # default model (configs/model/small.yaml), vocab 65
+    python scripts/bench_generate.py                 # the GPT-2-layout model below, vocab 65
     python scripts/bench_generate.py --vocab 50257   # GPT-2's vocabulary: the LM head dominates
     python scripts/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
     python scripts/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
                                                      # a second thread only helps on an otherwise idle CPU
 
-Model: 4 layers, d_model 256, 4 heads of d_k 64 (configs/model/small.yaml) but block_size 2048, so
-that 64 prompt + 1024 new tokens never reach the sliding window. Random weights, fp32, batch 1,
+Model: 4 layers, d_model 256, 4 heads of d_k 64, learned positions (the earlier default, not today's
+configs/model/small.yaml: d_model 128, RoPE + QK-norm), so HF's GPT-2 has the same shape; block_size
+2048, so that 64 prompt + 1024 new tokens never reach the sliding window. Random weights, fp32, batch 1,
 greedy decoding (temperature 0) everywhere, so every path does the same work per token.
 tokens/s = new tokens / median wall time of whole `generate` calls (prefill of the 64-token prompt
 included); latency = median of 32 single decode steps with the cache holding `position` tokens.
@@ -27,10 +28,26 @@ if __package__ in (None, ""):  # run as a file (python scripts/bench_generate.py
 
 import torch
 
+from cli.schema_help import OneLineParser
 from model import GPT, GPTConfig
 
 PROMPT = 64
 BLOCK_SIZE = 2048
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else one `error:` line before any model is built."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; it must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is invalid; it must be an integer >= {low}")
+        return value
+
+    return parse
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -81,11 +98,13 @@ def uncached_latency(model: GPT, position: int, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vocab", type=int, default=65, help="vocabulary size (65: Shakespeare chars; 50257: GPT-2)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cached measurement (median)")
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--vocab", type=at_least(1), default=65, help="vocabulary size (65: Shakespeare chars; 50257: GPT-2)"
+    )
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="runs per cached measurement (median)")
     parser.add_argument("--quick", action="store_true", help="skip the 1024-token rows")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -77,9 +77,11 @@ def check_writable_target(path: Path, what: str, force: bool, is_dir: bool) -> N
 def replace_dir(staged: Path, target: Path) -> None:
     """Move a fully written directory into place; an existing target is renamed away first, then removed."""
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
+    if target.exists() or target.is_symlink():
         os.rename(target, old)
     os.rename(staged, target)
+    if old.is_symlink():  # a link given as the target: it goes, what it pointed at stays (rmtree refuses links)
+        old.unlink()
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         else:
             model, path = import_hf(args.hf_dir, args.checkpoint, args.force)
-            print(f"wrote {path} ({model.num_params() / 1e6:.1f}M parameters)")
+            print(f"wrote {path} ({model.num_params() / 1e6:.2f}M parameters)")  # as the training header
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 

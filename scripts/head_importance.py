@@ -6,7 +6,8 @@
 A run directory means its checkpoints/best.safetensors. The loss is measured on fixed windows of
 block_size tokens: the first --tokens of the checkpoint's own validation split (its data config,
 prepared or reused from the cache), windows drawn with a fixed seed; or consecutive windows of
---text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png.
+--text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png
+(an existing one is replaced only with --force).
 """
 
 import argparse
@@ -32,7 +33,8 @@ from analysis.head_importance import (
     single_head_effects,
     uniform_entropy,
 )
-from analysis.outputs import check_out_dir
+from analysis.outputs import check_out_dir, check_replaceable
+from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
@@ -45,6 +47,7 @@ log = logging.getLogger("head_importance")
 WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
 BATCH_SIZE = 8
 STATS_WINDOWS = 32  # attention statistics walk one window at a time: the first 32 windows are plenty
+OUTPUTS = ("head_importance.json", "head_heatmaps.png", "pruning_curve.png", "head_importance.md")
 PANELS = {  # key in the results -> heatmap title
     "delta_loss": "loss change, head alone masked (nats)",
     "importance": "importance |dL/dgate|, per-layer normalised",
@@ -85,6 +88,13 @@ def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None
         windows = torch.stack([ids[i * block_size : (i + 1) * block_size + 1] for i in range(n)])  # (n, T+1)
         return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
     data = prepare(DataConfig(**ckpt_meta["config"]["data"]), progress=False)
+    prepared = data.tokenizer_meta
+    if json.dumps(prepared, sort_keys=True) != json.dumps(ckpt_meta["tokenizer"], sort_keys=True):
+        # the same ids would mean other tokens: the numbers would be wrong, not an error
+        raise ValueError(
+            f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
+            f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
+        )
     num_batches = max(1, math.ceil(tokens / (BATCH_SIZE * block_size)))
     return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
 
@@ -213,21 +223,25 @@ def markdown(results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_head_importance(target: Path, out: Path, tokens: int, device: str, text: Path | None = None) -> Path:
+def write_head_importance(
+    target: Path, out: Path, tokens: int, device: str, text: Path | None = None, force: bool = False
+) -> Path:
     if tokens < 1:
         raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
     check_out_dir(out)
+    for name in OUTPUTS:  # before measuring: a second run must not replace the first's report unasked
+        check_replaceable(out / name, force)
     results = analyse(find_checkpoint(target), tokens, resolve_device(device), text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "head_importance.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot_heatmaps(results, out / "head_heatmaps.png")
-    plot_pruning(results, out / "pruning_curve.png")
-    (out / "head_importance.md").write_text(markdown(results))
-    return out / "head_importance.md"
+    (out / OUTPUTS[0]).write_text(json.dumps(results, indent=1) + "\n")
+    plot_heatmaps(results, out / OUTPUTS[1])
+    plot_pruning(results, out / OUTPUTS[2])
+    (out / OUTPUTS[3]).write_text(markdown(results))
+    return out / OUTPUTS[3]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", type=Path, help="a .safetensors checkpoint, or a run directory")
     parser.add_argument("--out", type=Path, default=Path("head_importance"), help="directory to write to")
     parser.add_argument(
@@ -239,12 +253,13 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--text", type=Path, default=None, help="measure on this text file instead of val data")
+    parser.add_argument("--force", action="store_true", help="replace the report files if --out holds them")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text, args.force)
+    except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, a name too long)
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     log.info("wrote %s", path)
 
 

@@ -214,8 +214,10 @@ def refuse_conflicting_prompts(given: dict[str, object]) -> None:
 def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     if cfg.prompt_file:
         path = Path(cfg.prompt_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist or is not a file")
+        if path.is_dir():
+            raise ValueError(f"prompt_file {str(path)!r} is a directory; give a UTF-8 text file")
+        if not path.exists():  # a pipe is fine: --prompt-file <(printf 'ROMEO:'), a named FIFO
+            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
@@ -226,7 +228,7 @@ def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
-        text = text.removesuffix("\n")  # echo's newline, not part of the prompt
+        text = text.removesuffix("\n").removesuffix("\r")  # echo's line end (\r\n on Windows), not the prompt's
     else:
         text = cfg.prompt
     if not text:
@@ -302,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     except ValueError as e:  # a bad command line: 2, as argparse's own errors (--top-k 1.5) are
         exit_with_error(e, 2)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives no stream to write to
+        exit_with_error(OSError("stdout is closed; there is nowhere to write the sample"), 1)
     try:
         if cfg.interactive:
             from scripts.sample_repl import repl  # here: the REPL module imports this one

@@ -19,7 +19,8 @@ REPL_HELP = """Type a prompt and press Enter to sample it; "\\n" in a prompt is 
 starts with ":". Commands:
   :temperature X   :top_k N|none   :top_p X|none   :seed N|none   :max N (max_new_tokens)
   :context_length N|none   :use_cache on|off   :num_samples N   :stream on|off   :stop_at_eot on|off
-  :show   the settings       :help   this text       :quit   leave (end of input does too)"""
+  :show   the settings       :help   this text       :quit   leave (end of input does too)
+Ctrl-C stops the sample being written; at the prompt it leaves."""
 
 
 def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: TextIO) -> SampleConfig:
@@ -43,12 +44,18 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
                 name, _, value = line[1:].strip().partition(" ")
                 if name in ("q", "quit", "exit"):
                     return cfg
-                cfg = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+                changed = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+                sampler.params(changed)  # refused now, not at every later prompt (a context_length past block_size)
+                cfg = changed
             else:
                 text = line[1:] if line.startswith("::") else line
                 sampler.sample(text.replace("\\n", "\n"), cfg, out)
         except ValueError as e:
             err.write(f"error: {e}\n")
+        except KeyboardInterrupt:  # Ctrl-C stops this sample; the loaded model stays for the next prompt
+            out.write("\n")
+            out.flush()
+            err.write("interrupted; the next prompt samples again (:quit or end of input leaves)\n")
 
 
 def repl_command(name: str, value: str, cfg: SampleConfig, out: TextIO) -> SampleConfig:

@@ -84,3 +84,21 @@ def test_head_importance_on_cuda_without_cuda_is_one_line(tmp_path):
     char_checkpoint(tmp_path)
     message = r"device='cuda' was asked for but CUDA is not available; use device=auto or cpu$"
     assert_one_error_line(tmp_path, ["scripts/head_importance.py", "ckpt.safetensors", "--device", "cuda"], message)
+
+
+def test_head_importance_an_out_directory_the_system_refuses_is_one_line(tmp_path):
+    # an OSError (here ENAMETOOLONG; a read-only or forbidden directory alike) ended in a traceback
+    char_checkpoint(tmp_path)
+    message = r"^error: \[Errno 36\] File name too long"
+    assert_one_error_line(tmp_path, ["scripts/head_importance.py", "ckpt.safetensors", "--out", "x" * 300], message)
+
+
+def test_head_importance_a_bad_flag_value_is_one_line_and_exit_2(tmp_path):
+    # plain argparse printed its usage lines before the error
+    char_checkpoint(tmp_path)
+    before = snapshot(tmp_path)
+    done = run_cli([str(ROOT / "scripts/head_importance.py"), "ckpt.safetensors", "--tokens", "abc"], cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "error: argument --tokens: invalid int value: 'abc' (see --help)"
+    ]
+    assert snapshot(tmp_path) == before

@@ -89,3 +89,20 @@ def test_loop_overhead_pairs_each_round_of_the_whole_loop_with_the_bare_step(tin
     # One ratio a round, from two positive rates; its size is the benchmark's to report, not a test's to
     # bound: 10 tiny steps beside another test worker on 2 cores swung it from +0.39 to -1.40 in one run.
     assert len(result["overheads"]) == 2 and all(math.isfinite(o) and o < 1 for o in result["overheads"])
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--vocab", "0"], "error: argument --vocab: 0 is invalid; it must be an integer >= 1 (see --help)"),
+        (["--repeats", "0"], "error: argument --repeats: 0 is invalid; it must be an integer >= 1 (see --help)"),
+        (["--threads", "-1"], "error: argument --threads: -1 is invalid; it must be an integer >= 0 (see --help)"),
+        (["--vocab", "abc"], "error: argument --vocab: 'abc' is invalid; it must be an integer >= 1 (see --help)"),
+    ],
+)
+def test_bench_generate_refuses_a_bad_value_in_one_line_before_building_anything(args, message):
+    # --vocab 0, --repeats 0 and --threads -1 ended in tracebacks (GPTConfig, statistics.median, torch)
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_generate.py", "--quick", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.splitlines() == [message] and done.stdout == ""

@@ -1,12 +1,14 @@
 """scripts/head_importance.py on a real tiny run: table, JSON and plots; bad targets are one error line."""
 
 import json
+import re
 
 import pytest
 
 from cli.config import to_train_config
 from scripts.head_importance import write_head_importance
 from tests.helpers import ROOT, compose_config, run_cli
+from training.checkpoint import load_model, save_checkpoint
 from training.trainer import train
 
 
@@ -54,4 +56,31 @@ def test_bad_targets_are_one_error_line_and_write_nothing(tiny_run, tmp_path, ar
     done = run_cli([str(ROOT / "scripts" / "head_importance.py"), *args, "--out", "hi"], cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), done.stderr
+    assert not (tmp_path / "hi").exists()
+
+
+def test_an_existing_report_is_replaced_only_with_force(tiny_run, tmp_path):
+    # a second run into the same --out silently replaced the four files of the first
+    out = tmp_path / "hi"
+    out.mkdir()
+    (out / "head_importance.md").write_text("precious\n")
+    message = f"--out {str(out / 'head_importance.md')!r} already exists; pass --force to replace it"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        write_head_importance(tiny_run, out, tokens=256, device="cpu")
+    assert (out / "head_importance.md").read_text() == "precious\n" and sorted(out.iterdir()) == [
+        out / "head_importance.md"
+    ]
+    write_head_importance(tiny_run, out, tokens=256, device="cpu", force=True)
+    assert (out / "head_importance.md").read_text().startswith("# Head importance")
+
+
+def test_a_checkpoint_whose_tokenizer_is_not_its_data_configs_is_refused(tiny_run, tmp_path):
+    # the val split was read with the data config's tokenizer whatever the checkpoint's was: other
+    # characters behind the same ids gave wrong numbers silently (a larger vocabulary, an IndexError)
+    model, ckpt = load_model(tiny_run / "checkpoints" / "best.safetensors")
+    chars = ckpt.meta["tokenizer"]["chars"]
+    meta = {**ckpt.meta, "tokenizer": {**ckpt.meta["tokenizer"], "chars": chars[::-1]}}
+    other = save_checkpoint(tmp_path / "other.safetensors", model, None, meta)
+    with pytest.raises(ValueError, match=r"tokenizer differs from the one its data config prepares .* give --text"):
+        write_head_importance(other, tmp_path / "hi", tokens=256, device="cpu")
     assert not (tmp_path / "hi").exists()

@@ -120,6 +120,14 @@ def test_stdin_prompt_drops_only_echos_newline(run_dir, capsys, monkeypatch):
     assert out == cli(capsys, [str(run_dir), "KING (aside):", "--temperature", "0", "--max-new-tokens", "6"])[1]
 
 
+def test_stdin_prompt_drops_a_windows_line_end_as_the_repl_does(run_dir, capsys, monkeypatch):
+    # "ROMEO:\r\n" kept its "\r": a char model refused it as unknown, a BPE one continued after it
+    args = [str(run_dir), "-", "--temperature", "0", "--max-new-tokens", "6"]
+    code, out, err = cli(capsys, args, stdin="KING (aside):\r\n", monkeypatch=monkeypatch)
+    assert (code, err) == (0, "")
+    assert out == cli(capsys, [str(run_dir), "KING (aside):", "--temperature", "0", "--max-new-tokens", "6"])[1]
+
+
 def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_path):
     ckpt = str(run_dir)
     hydra_words = [f"checkpoint={ckpt}", "prompt=ROMEO:", "temperature=0", "max_new_tokens=200", "stream=true"]
@@ -383,3 +391,62 @@ def test_every_tool_in_scripts_runs_as_a_file(tool, tmp_path):
         timeout=120,
     )
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_repl_refuses_a_setting_the_model_cannot_take_when_it_is_typed(run_dir, capsys, monkeypatch):
+    # :context_length past a learned-position model's block_size was kept, so every later prompt failed
+    script = ":context_length 999\nROMEO:\n:show\n"
+    code, out, err = cli(capsys, [str(run_dir), "-i", "--max-new-tokens", "4"], script, monkeypatch)
+    assert code == 0
+    assert err.splitlines() == [
+        "error: context_length=999 is invalid; it must be >= 1 and, with learned positions, <= block_size (32)"
+    ]
+    assert out.splitlines()[0].startswith("ROMEO:") and len(out.splitlines()[0]) == len("ROMEO:") + 4
+    assert "context_length=null" in out.splitlines()[1]
+
+
+def test_ctrl_c_in_the_middle_of_a_repl_sample_stops_that_sample_not_the_session(run_dir, capsys, monkeypatch):
+    # Ctrl-C ended the whole REPL (exit 130), so the next prompt had to load the model again
+    from scripts import sample_repl
+
+    calls = []
+
+    class Interrupted(sample_repl.Sampler):
+        def sample(self, text, cfg, out):
+            calls.append(text)
+            if len(calls) == 1:
+                out.write(text + "partial")
+                raise KeyboardInterrupt
+            return super().sample(text, cfg, out)
+
+    cfg = parse_args([str(run_dir), "-i", "--max-new-tokens", "4", "--device", "cpu"])
+    stdin = io.StringIO("ROMEO:\nKING\n")
+    out, err = io.StringIO(), io.StringIO()
+    sample_repl.repl(Interrupted(cfg), cfg, stdin, out, err)
+    assert calls == ["ROMEO:", "KING"]
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "ROMEO:partial" and lines[1].startswith("KING") and len(lines[1]) == len("KING") + 4
+    assert err.getvalue() == "interrupted; the next prompt samples again (:quit or end of input leaves)\n"
+
+
+def test_a_prompt_file_may_be_a_pipe(run_dir, tmp_path, capsys):
+    # `--prompt-file <(printf ROMEO:)` and named pipes were refused as "does not exist or is not a file"
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'KING (aside):' > '{fifo}'"])
+    args = ["--temperature", "0", "--max-new-tokens", "6"]
+    code, out, err = cli(capsys, [str(run_dir), "--prompt-file", str(fifo), *args])
+    writer.wait(timeout=30)
+    assert (code, err) == (0, "")
+    assert out == cli(capsys, [str(run_dir), "KING (aside):", *args])[1]
+    code, _, err = cli(capsys, [str(run_dir), "--prompt-file", str(tmp_path), *args])
+    assert code == 1 and err == f"error: prompt_file {str(tmp_path)!r} is a directory; give a UTF-8 text file\n"
+
+
+def test_a_closed_stdout_is_one_error_line(run_dir, capsys, monkeypatch):
+    # `sample.py RUN ROMEO: >&-` (Python's sys.stdout is then None) ended in an AttributeError traceback
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(SystemExit) as e:
+        main([str(run_dir), "ROMEO:", "--max-new-tokens", "3"])
+    assert e.value.code == 1
+    assert capsys.readouterr().err == "error: stdout is closed; there is nowhere to write the sample\n"

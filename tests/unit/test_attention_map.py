@@ -180,3 +180,14 @@ def test_an_existing_image_is_replaced_only_with_force(tmp_path, capsys):
     assert keep.read_text() == "precious\n"
     main([str(ckpt), "--prompt", "the king", "--out", str(keep), "--force"])
     assert keep.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_prompt_with_dollar_signs_is_drawn_as_typed_not_parsed_as_mathtext(tmp_path):
+    # matplotlib read "$...$" in the labels and the title as TeX: a bad formula ended the script with
+    # an empty "error: " line, a good one was drawn as a formula instead of the prompt's characters
+    tokenizer = CharTokenizer("".join(sorted(set("$\\frac{ab}^_ x"))))
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, d_model=16)
+    meta = {"step": 0, "config": {"model": asdict(cfg)}, "tokenizer": tokenizer.to_meta()}
+    ckpt = save_checkpoint(tmp_path / "ckpt.safetensors", GPT(cfg), None, meta)
+    png = write_attention_map(ckpt, "$\\frac{a}{b}$ x^", tmp_path / "dollars.png")
+    assert png.read_bytes().startswith(b"\x89PNG")

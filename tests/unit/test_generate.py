@@ -113,6 +113,25 @@ def test_bad_settings_fail_when_stream_is_called_not_when_first_advanced(model):
         model.stream(torch.zeros(1, 1, dtype=torch.long), 3, context_length=0)
 
 
+@pytest.mark.parametrize(
+    "idx,message",
+    [
+        (torch.zeros(1, 0, dtype=torch.long), r"the prompt idx has shape \(1, 0\); it must be \(B, T\) with T >= 1"),
+        (torch.zeros(3, dtype=torch.long), r"the prompt idx has shape \(3,\); it must be \(B, T\) with T >= 1"),
+        (torch.full((1, 2), VOCAB), rf"the prompt holds token id {VOCAB}; ids must be in \[0, {VOCAB}\)"),
+        (torch.full((1, 2), -1), rf"the prompt holds token id -1; ids must be in \[0, {VOCAB}\)"),
+    ],
+)
+def test_a_prompt_the_model_cannot_read_is_refused_in_one_line(model, idx, message):
+    # an empty or 1-D prompt and ids outside the vocabulary were an IndexError or an unpacking error
+    # from deep inside (on CUDA a device-side assert)
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match=message):
+            model.generate(idx, 3, use_cache=use_cache)
+    with pytest.raises(ValueError, match=message):
+        next(stream_tokens(model, idx, SamplingParams(max_new_tokens=3)))
+
+
 def test_encode_prompt_names_unknown_characters_and_refuses_empty_prompts():
     tok = CharTokenizer(" abc")
     assert encode_prompt(tok, "ab c", tok.vocab_size) == [1, 2, 0, 3]

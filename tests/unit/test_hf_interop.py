@@ -343,3 +343,25 @@ def test_import_names_a_damaged_model_safetensors_in_one_line(tmp_path, capsys, 
     }
     assert re.fullmatch(rf"error: '.*damaged/model.safetensors' {named[damage]}", line), line
     assert not (tmp_path / "unpickled").exists() and snapshot(tmp_path) == before
+
+
+def test_export_with_force_onto_a_symlink_leaves_nothing_behind(tmp_path, capsys):
+    # the link was renamed to .hf.old-PID and left there (rmtree refuses a symlink, and its error was ignored)
+    run = char_run(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "notes.txt").write_text("mine")
+    (tmp_path / "hf").symlink_to(tmp_path / "real", target_is_directory=True)
+    convert_main(["export", str(run), str(tmp_path / "hf"), "--force"])
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    assert (tmp_path / "real" / "notes.txt").read_text() == "mine"  # what the link pointed at is not touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "real", "run"], "no stray .hf.old-PID"
+
+
+def test_import_says_how_many_parameters_it_wrote_as_training_does(tmp_path, capsys):
+    # a small model was reported as "0.0M parameters"
+    run = char_run(tmp_path)
+    convert_main(["export", str(run), str(tmp_path / "hf")])
+    convert_main(["import", str(tmp_path / "hf"), str(tmp_path / "back.safetensors")])
+    params = load_model(tmp_path / "back.safetensors")[0].num_params()
+    assert 0 < params < 100_000
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"({params / 1e6:.2f}M parameters)")
