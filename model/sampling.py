@@ -77,7 +77,9 @@ def keep_top_p(logits: Tensor, p: float) -> Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
-    sorted_logits = sorted_logits.masked_fill(mass_before >= p, float("-inf"))  # the top token always stays
+    cut = mass_before >= p
+    cut[..., 0] = False  # the top token always stays (a p below float32's range, 1e-300, reads as 0 >= 0)
+    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 

@@ -42,6 +42,15 @@ def test_top_p_keeps_the_smallest_set_reaching_p(p, allowed):
     assert set(keep_top_p(logits, p).isfinite().nonzero()[:, 1].tolist()) == allowed_ids
 
 
+@pytest.mark.parametrize("p", [1e-300, 1e-46, 1e-9])
+def test_a_top_p_too_small_for_float32_keeps_the_top_token(p):
+    """1e-300 rounds to 0 in float32, where `mass before the top token >= p` (0 >= 0) used to drop it
+    too, and multinomial was handed NaN probabilities."""
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()[:, [2, 0, 1]]
+    assert draws(logits, top_p=p) == {1}
+    assert keep_top_p(logits, p).isfinite().sum().item() == 1
+
+
 def test_top_k_and_top_p_together_take_the_intersection():
     logits = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]).log()
     # top_k=2 renormalises to (0.625, 0.375); top_p=0.9 then keeps both.
