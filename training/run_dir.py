@@ -65,9 +65,16 @@ class RunLock:
             where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
             raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
         self.created = missing[: missing.index(nearest)]
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.found = {p.name for p in self.directory.iterdir()}
-        self._fd = self._open_locked()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.found = {p.name for p in self.directory.iterdir()}
+            self._fd = self._open_locked()
+        except OSError as e:  # read-only, another user's, a name too long: one line naming out_dir
+            for made in self.created:
+                with contextlib.suppress(OSError):
+                    made.rmdir()
+            where = f"{e.strerror}: {e.filename}"
+            raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where})") from None
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
         return self
