@@ -182,6 +182,15 @@ def test_files_errors(tmp_path):
         load_documents(files_cfg(tmp_path))
 
 
+def test_a_file_ending_inside_a_utf8_character_is_one_line(tmp_path):
+    # Defect: the check never finished its decoder, so a last character cut short ("caf\xc3") passed it
+    # and `datasets` failed later with a DatasetGenerationError traceback.
+    write_docs(tmp_path / "docs", DOCS)
+    (tmp_path / "docs" / "cut.txt").write_bytes(b"Document: caf\xc3")
+    with pytest.raises(ValueError, match=r"data.files entry '.*cut.txt' is not UTF-8 text \(byte 13\)"):
+        load_documents(files_cfg(tmp_path))
+
+
 @pytest.fixture
 def hub_dir(tmp_path) -> Path:
     """A local directory that load_dataset reads like a Hub dataset: jsonl with extra columns."""
