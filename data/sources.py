@@ -109,7 +109,14 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
 
 
 def check_utf8_text(path: Path) -> None:
-    """Refuse a binary or non-UTF-8 file in one line before `datasets` fails on it at length."""
+    """Refuse a binary, non-UTF-8 or unreadable file in one line before `datasets` fails on it at length."""
+    try:
+        _check_utf8_bytes(path)
+    except OSError as e:  # e.g. another user's file: one line naming it, not the bare errno
+        raise ValueError(f"data.files entry {str(path)!r} cannot be read ({e.strerror}); give readable files") from None
+
+
+def _check_utf8_bytes(path: Path) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     with open(path, "rb") as f:

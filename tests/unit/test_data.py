@@ -191,6 +191,23 @@ def test_a_file_ending_inside_a_utf8_character_is_one_line(tmp_path):
         load_documents(files_cfg(tmp_path))
 
 
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Defect: it said only "[Errno 13] Permission denied: '...'". Root reads anything, so the denial is
+    # simulated where the file is opened.
+    write_docs(tmp_path / "docs", DOCS)
+    locked = tmp_path / "docs" / "doc03.txt"
+    real_open = open
+
+    def denied(path, *args, **kwargs):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(ValueError, match=rf"data.files entry '{locked}' cannot be read \(Permission denied\)"):
+        load_documents(files_cfg(tmp_path))
+
+
 @pytest.fixture
 def hub_dir(tmp_path) -> Path:
     """A local directory that load_dataset reads like a Hub dataset: jsonl with extra columns."""
