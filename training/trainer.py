@@ -207,7 +207,7 @@ class Trainer:
                 if self.state.step % cfg.eval_interval == 0 or last:
                     self.evaluate_and_save(meter, clock)
                     now, _ = clock.agreed()  # the evaluation took time; a signal waits for the next step
-                if requested:  # every rank stops at the same step
+                if requested and not last:  # every rank stops at the same step; at the last one the run is done
                     self.state.elapsed_s = clock.local()
                     path = self.checkpoints.latest() if meter.saved_step == self.state.step else self.save(False)
                     raise guards.RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)

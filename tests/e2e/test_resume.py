@@ -88,6 +88,24 @@ def test_ctrl_c_saves_the_current_step_and_resume_matches(run_overrides, tmp_pat
     assert logged(tmp_path / "run", "val/loss") == logged(reference, "val/loss")
 
 
+def test_a_signal_during_the_last_step_finishes_the_run(run_overrides, tmp_path, monkeypatch):
+    # Defect: a stop requested during the last step raised "stopped by SIGINT" with a continue command,
+    # though the run had reached its end; summary.json was never written, so the run read as unfinished
+    # for good (its resume=auto found nothing left to train and wrote none either).
+    real_lr_at = training.trainer.lr_at
+
+    def lr_at_signalling(step, *args):
+        if step == 19:  # the 20th and last step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr_at(step, *args)
+
+    monkeypatch.setattr(training.trainer, "lr_at", lr_at_signalling)
+    metrics = run_train(run_overrides)
+    assert "val/loss" in metrics
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == 20
+
+
 def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, reference):
     short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
     run_train(short)  # its schedule differs after step 12, so resume it under the full max_steps
