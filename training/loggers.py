@@ -151,7 +151,8 @@ class Meter:
 
     def step_done(self, result: "StepResult", elapsed_s: float, last: bool) -> None:
         self.step = step = self.step + 1
-        self.bar.update(int(elapsed_s) - self.bar.n if self.by_time else 1)
+        # capped at the budget: tqdm drops a total that n passes (a first eval or the one step past it)
+        self.bar.update(min(int(elapsed_s), self.bar.total) - self.bar.n if self.by_time else 1)
         if step % self.log_interval and not last:
             return
         now = time.perf_counter()
