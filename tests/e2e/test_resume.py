@@ -106,6 +106,24 @@ def test_a_signal_during_the_last_step_finishes_the_run(run_overrides, tmp_path,
     assert summary["status"] == "completed" and summary["step"] == 20
 
 
+def test_ctrl_c_while_the_run_directory_is_written_stops_at_a_saved_step(run_overrides, tmp_path, monkeypatch):
+    # Defect: Ctrl-C after config.yaml and metrics.jsonl were written but before the loop (wandb's start
+    # takes seconds) was a bare KeyboardInterrupt: "interrupted", no checkpoint and no continue command,
+    # and the same command again was refused for the files it had left.
+    real_write_run_info = training.trainer.write_run_info
+
+    def write_run_info_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_write_run_info(*args, **kwargs)
+
+    monkeypatch.setattr(training.trainer, "write_run_info", write_run_info_interrupted)
+    with pytest.raises(RunInterrupted, match=r"stopped by SIGINT after step 1; saved .*step_0000001"):
+        run_train(run_overrides)
+    monkeypatch.setattr(training.trainer, "write_run_info", real_write_run_info)
+    run_train([*run_overrides, "resume=auto"])
+    assert sorted(logged(tmp_path / "run")) == list(range(1, 21))
+
+
 def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, reference):
     short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
     run_train(short)  # its schedule differs after step 12, so resume it under the full max_steps
