@@ -3,9 +3,11 @@ header, log lines that never glue onto the progress bar), the closing lines that
 and how to sample from it or continue it, and the sweep's closing hint.
 """
 
+import contextlib
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import safetensors
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
@@ -107,7 +111,18 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
     kept = [o for o in overrides if override_key(o) not in keys]
-    return " ".join(["python train.py", f"out_dir={shell_quote(str(out_dir))}", "resume=auto", *map(shell_quote, kept)])
+    run = shell_quote(f"out_dir={hydra_value(str(out_dir))}")
+    return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
+
+
+def hydra_value(text: str) -> str:
+    """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
+    Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""
+    with contextlib.suppress(HydraException):
+        if OverridesParser.create().parse_override(f"key={text}").value() == text:
+            return text
+    # Inside Hydra's quotes only a quote, and the backslashes before one or before the closing quote, escape.
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
 
 
 def shell_quote(arg: str) -> str:

@@ -22,10 +22,21 @@ OVERRIDES = [
 ]
 
 
-@pytest.mark.parametrize("out_dir", ["outputs/2026-12-01/16-43-27", "/tmp/a run's dir"])
+@pytest.mark.parametrize("out_dir", ["outputs/2026-12-01/16-43-27", "/tmp/a run dir"])
 def test_the_shell_gives_train_py_the_runs_overrides_again(out_dir):
     argv = shlex.split(continue_command(out_dir, [f"out_dir={out_dir}", *OVERRIDES, "overwrite=true"]))
     assert argv == ["python", "train.py", f"out_dir={out_dir}", "resume=auto", *OVERRIDES]
+
+
+@pytest.mark.parametrize("out_dir", ["/tmp/a run's dir", "/tmp/über", "/tmp/runs,2", "/tmp/run (2)", "/tmp/a\\'b\\"])
+def test_hydra_reads_the_pasted_out_dir_back_as_the_path(out_dir):
+    # Defect: out_dir was shell-quoted only, so a path Hydra's grammar does not take bare (non-ASCII,
+    # a comma, brackets) made a continue command that failed when pasted ("cannot parse override").
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    argv = shlex.split(continue_command(out_dir, ["model.n_head=8"]))
+    assert OverridesParser.create().parse_override(argv[2]).value() == out_dir
+    assert argv[3:] == ["resume=auto", "model.n_head=8"]
 
 
 def test_a_prompt_in_hydra_quotes_reads_as_typed():
