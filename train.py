@@ -61,6 +61,9 @@ def main(cfg: DictConfig) -> float | None:
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
+        if multirun:  # that continues this job alone: the jobs after it never started
+            sweep_dir = str(Path(hydra_cfg.sweep.dir).absolute())
+            log.warning("continue the whole sweep: %s", cli.sweep_continue_command(sweep_dir, sys.argv[1:]))
         if auto_named and info.is_main:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)

@@ -115,6 +115,15 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
 
 
+def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
+    """The command that continues an interrupted sweep as a whole: the sweep typed again, in its folder, with
+    resume=auto (each started job continues its checkpoint, a finished one stays as it is, the rest start)."""
+    keys = (*RUN_KEYS, "hydra.sweep.dir")
+    kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
+    folder = shell_quote(f"hydra.sweep.dir={hydra_value(sweep_dir)}")
+    return " ".join(["python train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
+
+
 def hydra_value(text: str) -> str:
     """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
     Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""

@@ -10,7 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from cli.train_output import END_KEYS, closing_lines, continue_command, run_overrides
+from cli.train_output import END_KEYS, closing_lines, continue_command, run_overrides, sweep_continue_command
 from tests.helpers import ROOT, run_cli
 
 OVERRIDES = [
@@ -37,6 +37,22 @@ def test_hydra_reads_the_pasted_out_dir_back_as_the_path(out_dir):
     argv = shlex.split(continue_command(out_dir, ["model.n_head=8"]))
     assert OverridesParser.create().parse_override(argv[2]).value() == out_dir
     assert argv[3:] == ["resume=auto", "model.n_head=8"]
+
+
+def test_an_interrupted_sweep_continues_as_a_whole_in_its_folder():
+    # Defect: a sweep stopped by Ctrl-C printed only its running job's command; the jobs after it never
+    # started, and typing the sweep again began a new one in a new folder.
+    argv = ["-m", "+experiment=vaswani_a_cpu", "seed=1,2", "resume=auto", "hydra.sweep.dir=old"]
+    command = sweep_continue_command("multirun/vaswani_a_cpu/05-30-58", argv)
+    assert shlex.split(command) == [
+        "python",
+        "train.py",
+        "-m",
+        "+experiment=vaswani_a_cpu",
+        "seed=1,2",
+        "hydra.sweep.dir=multirun/vaswani_a_cpu/05-30-58",
+        "resume=auto",
+    ]
 
 
 def test_a_prompt_in_hydra_quotes_reads_as_typed():
