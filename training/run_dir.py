@@ -165,7 +165,7 @@ class CheckpointDir:
             if not path.is_file():
                 raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
             load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
-            step = checkpoint_step(path) if self._holds(path) else None
+            step = checkpoint_step(path) if self.holds(path) else None
             step = -1 if step is None else step
             # Resuming an older or a foreign checkpoint here would interleave two histories.
             newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
@@ -174,7 +174,7 @@ class CheckpointDir:
                     f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
                     "pass overwrite=true to replace them, or resume=auto for the newest"
                 )
-            if not self._holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
+            if not self.holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
                 raise ValueError(
                     f"{self.directory.parent} already holds another run's files ({held}), which {path.name} "
                     "does not continue; pass overwrite=true to replace them, or another out_dir"
@@ -186,7 +186,7 @@ class CheckpointDir:
         """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""
         return "" if overwrite else ", ".join(run_files(self.directory.parent)[:4])
 
-    def _holds(self, path: Path) -> bool:
+    def holds(self, path: Path) -> bool:
         """`path` is listed in this directory (a symlink there too: its name is its step here)."""
         return path.absolute().parent.resolve() == self.directory.resolve()
 
@@ -222,7 +222,7 @@ class CheckpointDir:
     def history_kept(self, resume_from: Path | None, step: int) -> int:
         """The last step of this directory's records that the run continues: `step` when it resumes one of
         its checkpoints, else -1 (a fresh run, or a foreign checkpoint's, starts the records afresh)."""
-        return step if resume_from is not None and self._holds(resume_from) else -1
+        return step if resume_from is not None and self.holds(resume_from) else -1
 
     def start(self, resume_from: Path | None, step: int) -> None:
         """Before the first step: drop temp files of killed saves and the owned checkpoints this run

@@ -314,6 +314,11 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     resumed = trainer.restore(resume_path) if resume_path is not None else None
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
+        if not checkpoints.holds(resume_path):  # out_dir would end with nothing in it to sample or continue
+            raise ValueError(
+                f"resume={resume_path} finished at step {trainer.state.step}: nothing left to train; raise "
+                f"max_steps or budget_s to continue it in {cfg.out_dir}"
+            )
         log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
     else:
         trainer.checkpoints, trainer.resume_path = checkpoints, resume_path

@@ -134,6 +134,18 @@ def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, referenc
     assert continued == {s: v for s, v in logged(reference).items() if s > 12}
 
 
+def test_resume_path_of_a_finished_checkpoint_into_a_new_directory_is_refused(run_overrides, tmp_path):
+    # Defect: it trained nothing and wrote nothing, yet ended "done: ...; run directory NEW" with "no
+    # checkpoint", a sample command for the empty NEW and a continue command (resume=auto there) that
+    # would have started a fresh run; NEW was left behind holding only .lock.
+    short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
+    run_train(short)
+    ckpt = tmp_path / "short" / "checkpoints" / "step_0000012.safetensors"
+    with pytest.raises(ValueError, match=rf"resume={ckpt} finished at step 12: nothing left to train; raise"):
+        run_train([*short, f"resume={ckpt}", f"out_dir={tmp_path / 'new'}"])
+    assert not (tmp_path / "new").exists()
+
+
 def launch(overrides: list[str], log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "w") as log_file:
