@@ -111,7 +111,7 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
     kept = [o for o in overrides if override_key(o) not in keys]
-    run = shell_quote(f"out_dir={hydra_value(str(out_dir))}")
+    run = f"out_dir={shell_quote(hydra_value(str(out_dir)))}"
     return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
 
 
@@ -120,7 +120,7 @@ def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
     resume=auto (each started job continues its checkpoint, a finished one stays as it is, the rest start)."""
     keys = (*RUN_KEYS, "hydra.sweep.dir")
     kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
-    folder = shell_quote(f"hydra.sweep.dir={hydra_value(sweep_dir)}")
+    folder = f"hydra.sweep.dir={shell_quote(hydra_value(sweep_dir))}"
     return " ".join(["python train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
 
 
