@@ -221,6 +221,8 @@ def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> Prepared
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         dtype = np.dtype(meta["dtype"])
         counts = {split: int(meta[f"{split}_tokens"]) for split in SPLITS}
+        if not isinstance(meta["tokenizer"], dict) or not isinstance(meta["val_bytes"], int):
+            raise TypeError("tokenizer must be an object, val_bytes an integer")
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{damaged}: {meta_path} is not valid ({type(e).__name__}); delete the directory") from None
     tokens = {}
@@ -233,5 +235,12 @@ def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> Prepared
                 f"of {dtype.itemsize} bytes; delete the directory to prepare it again"
             )
         tokens[split] = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
-    tokenizer = tokenizer_from_meta(meta["tokenizer"], cache_dir)
+    try:
+        tokenizer = tokenizer_from_meta(meta["tokenizer"], cache_dir)
+    except OSError:
+        raise  # gpt2's ranks file: a message of its own
+    except Exception as e:  # a missing field, or the tokenizers library's bare Exception for a bad spec
+        raise ValueError(
+            f"{damaged}: the tokenizer in {meta_path} cannot be rebuilt ({type(e).__name__}: {e}); delete the directory"
+        ) from None
     return PreparedData(directory, tokens["train"], tokens["val"], meta, tokenizer)

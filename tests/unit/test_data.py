@@ -387,6 +387,30 @@ def test_load_prepared_needs_meta(tmp_path):
         load_prepared(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda meta: meta.pop("tokenizer"),
+        lambda meta: meta.pop("val_bytes"),
+        lambda meta: meta.update(val_bytes="many"),
+        lambda meta: meta.update(tokenizer=5),
+        lambda meta: meta["tokenizer"].update(chars=None),
+        lambda meta: meta["tokenizer"].pop("chars"),
+    ],
+    ids=["no tokenizer", "no val_bytes", "val_bytes a string", "tokenizer a number", "chars null", "no chars"],
+)
+def test_a_meta_json_with_damaged_fields_is_one_line_naming_it(tmp_path, damage):
+    # Defect: only unparsable JSON and the token counts were checked; a meta.json that parsed but lacked a
+    # field, or held one of the wrong type, failed later with a KeyError / TypeError traceback.
+    write_docs(tmp_path / "docs", DOCS)
+    directory = prepare(files_cfg(tmp_path), progress=False).directory
+    meta = json.loads((directory / "meta.json").read_text())
+    damage(meta)
+    (directory / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"prepared data in {directory} is damaged: .*meta.json"):
+        load_prepared(directory)
+
+
 @pytest.mark.corpus
 def test_real_shakespeare_corpus(tmp_path):
     prepared = prepare(DataConfig(cache_dir=str(tmp_path)), progress=False)
