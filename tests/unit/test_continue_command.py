@@ -10,8 +10,16 @@ import pytest
 import safetensors.torch
 import torch
 
-from cli.train_output import END_KEYS, closing_lines, continue_command, run_overrides, sweep_continue_command
+from cli.train_output import (
+    END_KEYS,
+    closing_lines,
+    continue_command,
+    hydra_argv,
+    run_overrides,
+    sweep_continue_command,
+)
 from tests.helpers import ROOT, run_cli
+from training.distributed import DistInfo
 
 OVERRIDES = [
     "model.n_head=8",
@@ -53,6 +61,18 @@ def test_an_interrupted_sweep_continues_as_a_whole_in_its_folder():
         "hydra.sweep.dir=multirun/vaswani_a_cpu/05-30-58",
         "resume=auto",
     ]
+
+
+def test_a_sweep_flag_typed_among_the_overrides_goes_before_them():
+    # Defect: `python train.py +debug=tiny -m seed=1,2` was refused by Hydra's parser with its whole usage
+    # ("unrecognized arguments: seed=1,2"), for overrides on both sides of -m.
+    assert hydra_argv(["train.py", "+debug=tiny", "-m", "seed=1,2"], DistInfo()) == [
+        "train.py",
+        "-m",
+        "+debug=tiny",
+        "seed=1,2",
+    ]
+    assert hydra_argv(["train.py", "seed=1"], DistInfo()) == ["train.py", "seed=1"]
 
 
 def test_a_prompt_in_hydra_quotes_reads_as_typed():
