@@ -138,6 +138,11 @@ class CheckpointDir:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
             if held := self._files_in_the_way(overwrite):
+                if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
+                    raise ValueError(
+                        f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
+                        "to continue; pass overwrite=true to replace them, or another out_dir"
+                    )
                 raise ValueError(
                     f"{self.directory.parent} already holds another run's files ({held}); "
                     "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
