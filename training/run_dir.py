@@ -60,7 +60,10 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         missing = [self.directory, *self.directory.parents]
-        nearest = next(d for d in missing if d.exists())
+        nearest = next(d for d in missing if d.exists() or d.is_symlink())
+        if nearest.is_symlink() and not nearest.exists():  # mkdir cannot make its target
+            where = "is a symlink" if nearest == self.directory else f"is under a symlink ({nearest})"
+            raise ValueError(f"out_dir={str(self.directory)!r} {where} to {os.readlink(nearest)}, which is missing")
         if not nearest.is_dir():
             where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
             raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")

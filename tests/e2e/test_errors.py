@@ -267,6 +267,17 @@ def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+def test_out_dir_that_is_a_dangling_symlink(shared_corpus_overrides, tmp_path):
+    # Defect: it said only "[Errno 17] File exists: '...'" for a symlink whose target is gone.
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out in (tmp_path / "link", tmp_path / "link" / "run"):
+        with pytest.raises(
+            ValueError, match=rf"out_dir='{out}' is (under )?a symlink (\(.*\) )?to {tmp_path / 'gone'}, which"
+        ):
+            run_train([*shared_corpus_overrides, f"out_dir={out}"])
+    assert (tmp_path / "link").is_symlink() and not (tmp_path / "gone").exists()
+
+
 def test_out_dir_that_cannot_be_written(shared_corpus_overrides, tmp_path, monkeypatch):
     # Defect: a permission-denied out_dir said only "[Errno 13] Permission denied: '...'", naming no key.
     # Root writes anywhere, so the denial is simulated where the run makes its directory.
