@@ -4,6 +4,8 @@ import hashlib
 import importlib
 import io
 import json
+import os
+import stat
 import subprocess
 import tarfile
 from dataclasses import replace
@@ -380,6 +382,18 @@ def test_hub_source_prepares(tmp_path, hub_dir):
     prepared = prepare(hub_cfg(tmp_path, hub_dir), progress=False)
     assert prepared.meta["source"]["kind"] == "hub"
     assert prepared.meta["num_documents"] == {"train": 9, "val": 1}
+
+
+def test_prepared_data_is_readable_by_others_as_a_plain_mkdir_would_make_it(tmp_path):
+    # Defect: the published directories kept mkdtemp's mode 0700, so in a cache shared through
+    # $ATTNLAB_CACHE no other user could read the prepared tokens ("[Errno 13] Permission denied").
+    old = os.umask(0o022)
+    try:
+        write_docs(tmp_path / "docs", DOCS)
+        directory = prepare(files_cfg(tmp_path), progress=False).directory
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o755
 
 
 def test_load_prepared_needs_meta(tmp_path):
