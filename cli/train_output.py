@@ -111,6 +111,7 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
     kept = [o for o in overrides if override_key(o) not in keys]
+    out_dir = run_dir_itself(Path(out_dir))
     run = f"out_dir={shell_quote(hydra_value(str(out_dir)))}"
     return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
 
@@ -122,6 +123,15 @@ def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
     kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
     folder = f"hydra.sweep.dir={shell_quote(hydra_value(sweep_dir))}"
     return " ".join(["python train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
+
+
+def run_dir_itself(out_dir: Path) -> Path:
+    """The directory a symlinked out_dir points to (outputs/latest moves on with the next run; a command
+    printed for this one must not), relative where out_dir was; out_dir itself otherwise."""
+    if not out_dir.is_symlink():
+        return out_dir
+    target = out_dir.resolve()
+    return target if out_dir.is_absolute() else Path(os.path.relpath(target))
 
 
 def hydra_value(text: str) -> str:
@@ -194,6 +204,7 @@ def checkpoint_line(out_dir: Path) -> str:
 
 def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
     """Where the run is, and the exact commands to sample from it and to continue it."""
+    out_dir = run_dir_itself(out_dir)
     out = shlex.quote(str(out_dir))
     checkpoint = checkpoint_line(out_dir)
     val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""

@@ -75,6 +75,19 @@ def test_a_sweep_flag_typed_among_the_overrides_goes_before_them():
     assert hydra_argv(["train.py", "seed=1"], DistInfo()) == ["train.py", "seed=1"]
 
 
+def test_the_lines_for_a_run_reached_through_outputs_latest_name_the_run_itself(tmp_path):
+    # Defect: `out_dir=outputs/latest resume=auto` (the README's way to continue) ended with a continue
+    # command for outputs/latest, which the next run repoints: pasted later, it continued another run.
+    run = finished_run(
+        tmp_path / "outputs" / "2026-12-01" / "20-43-56", step=20, elapsed_s=4.0, max_steps=20, budget_s=None
+    )
+    (tmp_path / "outputs" / "latest").symlink_to(run.relative_to(tmp_path / "outputs"))
+    latest = tmp_path / "outputs" / "latest"
+    assert shlex.split(continue_command(latest, []))[2] == f"out_dir={run}"
+    lines = closing_lines(latest, {}, [])
+    assert str(latest) not in lines and f"run directory {run}" in lines and f"out_dir={run} " in lines
+
+
 def test_a_prompt_in_hydra_quotes_reads_as_typed():
     assert (
         continue_command("run", OVERRIDES[2:3])
