@@ -113,6 +113,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         return load_prepared(directory, cache_dir)
 
     start = time.perf_counter()
+    check_writable(cache_dir)
     docs = load_documents(cfg)
     if docs.num_rows == 0:
         raise ValueError(f"data.source={cfg.source!r} gave no documents to prepare")
@@ -164,6 +165,19 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         meta["val_tokens"],
     )
     return load_prepared(directory, cache_dir)
+
+
+def check_writable(cache_dir: Path) -> None:
+    """Refuse a cache that cannot be written in one line, before the sdist, `datasets` or the tokens do
+    with a bare errno: e.g. a read-only or another user's $ATTNLAB_CACHE."""
+    try:
+        (cache_dir / "prepared").mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache_dir / "prepared").close()
+    except OSError as e:
+        raise ValueError(
+            f"the data cache {cache_dir} cannot be written ({e.strerror}: {e.filename}); "
+            "set ATTNLAB_CACHE or data.cache_dir to a writable directory"
+        ) from None
 
 
 def _texts(docs: "datasets.Dataset") -> Iterator[str]:

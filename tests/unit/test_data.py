@@ -396,6 +396,23 @@ def test_prepared_data_is_readable_by_others_as_a_plain_mkdir_would_make_it(tmp_
     assert stat.S_IMODE(directory.stat().st_mode) == 0o755
 
 
+def test_a_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Defect: a read-only $ATTNLAB_CACHE said only "[Errno 13] Permission denied: '.../downloads'" (or
+    # '.../hf_datasets'). Root writes anywhere, so the denial is simulated where the cache is first written.
+    write_docs(tmp_path / "docs", DOCS)
+    cache = tmp_path / "cache"
+    real_mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if str(self).startswith(str(cache)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(ValueError, match=rf"the data cache {cache} cannot be written \(Permission denied: {cache}"):
+        prepare(files_cfg(tmp_path), progress=False)
+
+
 def test_load_prepared_needs_meta(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"is not prepared data: it has no meta\.json"):
         load_prepared(tmp_path)
