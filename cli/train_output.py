@@ -173,9 +173,19 @@ def how_far(out_dir: Path) -> dict[str, Any] | None:
         with safetensors.safe_open(str(latest), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["attnlab"])
         config = meta["config"]
-        return {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
+        far = {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
+        return far | {"prompt": DEMO_PROMPT if encodes(meta["tokenizer"], DEMO_PROMPT) else ""}
     except Exception:  # safetensors raises several types for a damaged file: the generic line then
         return None
+
+
+DEMO_PROMPT = "ROMEO:"  # the closing sample command's prompt
+
+
+def encodes(tokenizer: dict[str, Any], text: str) -> bool:
+    """A checkpoint's tokenizer (its header's meta) can encode `text`: the byte-level BPEs anything, a char
+    vocabulary only its own characters (one learned from another corpus may lack ROMEO's letters)."""
+    return tokenizer.get("name") != "char" or set(text) <= set(tokenizer.get("chars") or "")
 
 
 def new_end(far: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
@@ -208,12 +218,14 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
     out = shlex.quote(str(out_dir))
     checkpoint = checkpoint_line(out_dir)
     val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""
-    dropped, end = new_end(how_far(out_dir))
+    far = how_far(out_dir)
+    dropped, end = new_end(far)
+    prompt = f' "{DEMO_PROMPT}"' if far is None or far["prompt"] else ""  # none: it starts as a document does
     return "\n".join(
         [
             f"done: {val}run directory {out_dir}",
             f"  {checkpoint}",
-            f'  sample:   python scripts/sample.py {out} "ROMEO:"',
+            f"  sample:   python scripts/sample.py {out}{prompt}",
             f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
             f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]

@@ -107,9 +107,13 @@ def test_a_sweep_job_continues_as_the_one_run_it_is():
     assert run_overrides(job, job, multirun=False) == job  # a plain run: no mode in its command
 
 
-def finished_run(run: Path, step: int, elapsed_s: float, max_steps: int | None, budget_s: float | None) -> Path:
-    """A run directory whose newest step checkpoint says how far it got (a header is all the line reads)."""
+def finished_run(
+    run: Path, step: int, elapsed_s: float, max_steps: int | None, budget_s: float | None, chars: str | None = None
+) -> Path:
+    """A run directory whose newest step checkpoint says how far it got (a header is all the line reads);
+    a BPE tokenizer, or with `chars` a char vocabulary of those characters."""
     meta = {"step": step, "elapsed_s": elapsed_s, "config": {"max_steps": max_steps, "budget_s": budget_s}}
+    meta["tokenizer"] = {"name": "char", "chars": chars} if chars is not None else {"name": "bpe", "spec": "{}"}
     path = run / "checkpoints" / f"step_{step:07d}.safetensors"
     path.parent.mkdir(parents=True)
     safetensors.torch.save_file({"w": torch.zeros(1)}, str(path), metadata={"attnlab": json.dumps(meta)})
@@ -186,3 +190,12 @@ def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     run = finished_run(Path("outputs/2026-12-01/20-43-56"), step=900, elapsed_s=262.3, max_steps=None, budget_s=270)
     assert f"  continue: {continue_line(run, [])}" == shown
+
+
+@pytest.mark.parametrize("chars,prompt", [(None, ' "ROMEO:"'), ("ROMEO: abc", ' "ROMEO:"'), ("the king", "")])
+def test_the_sample_command_gives_a_prompt_the_model_can_encode(tmp_path, chars, prompt):
+    # Defect: it always said "ROMEO:", which sample.py refused for a char model of another corpus
+    # ("characters ':', 'E', 'M', 'O', 'R' are not in the char vocabulary"); without a prompt it samples.
+    run = finished_run(tmp_path / "run", step=20, elapsed_s=4.0, max_steps=20, budget_s=None, chars=chars)
+    (line,) = [line for line in closing_lines(run, {}, []).splitlines() if "sample:" in line]
+    assert line == f"  sample:   python scripts/sample.py {run}{prompt}"
