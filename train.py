@@ -9,10 +9,14 @@ Examples:
     torchrun --standalone --nproc_per_node=4 train.py  # DDP on 4 GPUs (or CPU processes), same results
 """
 
+import contextlib
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
+from typing import NoReturn
 
 from cli.ctrl_c import exit_quietly_on_ctrl_c
 
@@ -35,6 +39,17 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
 log = logging.getLogger("train")
 USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()
+
+
+def fail(message: str) -> NoReturn:
+    """Exit 1 with `message`. Under torchrun it goes into this rank's error file too (the format of torch's
+    own `@record`), so the failure summary torchrun prints after it (its own: no rank can stop it) names
+    this line as the root cause rather than a link to its docs."""
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        extra = {"py_callstack": message, "timestamp": str(int(time.time()))}
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+    sys.exit(message)
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
@@ -61,6 +76,9 @@ def main(cfg: DictConfig) -> float | None:
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
+        if multirun:  # that continues this job alone: the jobs after it never started
+            sweep_dir = str(Path(hydra_cfg.sweep.dir).absolute())
+            log.warning("continue the whole sweep: %s", cli.sweep_continue_command(sweep_dir, sys.argv[1:]))
         if auto_named and info.is_main:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)
@@ -68,7 +86,7 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
-        sys.exit(f"error: {e}")
+        fail(f"error: {e}")
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
@@ -88,7 +106,7 @@ if __name__ == "__main__":
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
-        sys.exit(f"error: {composition_error(e)}")
+        fail(f"error: {composition_error(e)}")
     except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
         if cli.SweepHint.sweep_dir:  # Hydra raises it once the sweep's other jobs have run
             print(cli.sweep_hint(cli.SweepHint.sweep_dir, failed=True), file=sys.stderr)

@@ -74,7 +74,11 @@ def composition_error(e: Exception) -> str:
         return unknown_key_error([with_suggestion(prefix, key, typing.get_type_hints(schema))])
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if isinstance(e, OverrideParseException):  # the grammar's complaint, without its link
-        return f"cannot parse override {e.override!r}: {lines[0]}"
+        key, _, value = e.override.partition("=")
+        # a string with a character the grammar does not take bare (non-ASCII, brackets); not a broken list
+        quotable = value and value[0] not in "[{'\"" and "'" not in value
+        hint = f"; put the value in Hydra's quotes: \"{key}='{value}'\"" if quotable else ""
+        return f"cannot parse override {e.override!r}: {lines[0]}{hint}"
     if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
         return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
     if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option

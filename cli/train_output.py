@@ -3,9 +3,11 @@ header, log lines that never glue onto the progress bar), the closing lines that
 and how to sample from it or continue it, and the sweep's closing hint.
 """
 
+import contextlib
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import safetensors
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
@@ -107,7 +111,37 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     run was started with (without them it would compose another model, and be refused)."""
     keys = (*RUN_KEYS, *drop)
     kept = [o for o in overrides if override_key(o) not in keys]
-    return " ".join(["python train.py", f"out_dir={shell_quote(str(out_dir))}", "resume=auto", *map(shell_quote, kept)])
+    out_dir = run_dir_itself(Path(out_dir))
+    run = f"out_dir={shell_quote(hydra_value(str(out_dir)))}"
+    return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
+
+
+def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
+    """The command that continues an interrupted sweep as a whole: the sweep typed again, in its folder, with
+    resume=auto (each started job continues its checkpoint, a finished one stays as it is, the rest start)."""
+    keys = (*RUN_KEYS, "hydra.sweep.dir")
+    kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
+    folder = f"hydra.sweep.dir={shell_quote(hydra_value(sweep_dir))}"
+    return " ".join(["python train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
+
+
+def run_dir_itself(out_dir: Path) -> Path:
+    """The directory a symlinked out_dir points to (outputs/latest moves on with the next run; a command
+    printed for this one must not), relative where out_dir was; out_dir itself otherwise."""
+    if not out_dir.is_symlink():
+        return out_dir
+    target = out_dir.resolve()
+    return target if out_dir.is_absolute() else Path(os.path.relpath(target))
+
+
+def hydra_value(text: str) -> str:
+    """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
+    Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""
+    with contextlib.suppress(HydraException):
+        if OverridesParser.create().parse_override(f"key={text}").value() == text:
+            return text
+    # Inside Hydra's quotes only a quote, and the backslashes before one or before the closing quote, escape.
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
 
 
 def shell_quote(arg: str) -> str:
@@ -139,9 +173,19 @@ def how_far(out_dir: Path) -> dict[str, Any] | None:
         with safetensors.safe_open(str(latest), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["attnlab"])
         config = meta["config"]
-        return {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
+        far = {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
+        return far | {"prompt": DEMO_PROMPT if encodes(meta["tokenizer"], DEMO_PROMPT) else ""}
     except Exception:  # safetensors raises several types for a damaged file: the generic line then
         return None
+
+
+DEMO_PROMPT = "ROMEO:"  # the closing sample command's prompt
+
+
+def encodes(tokenizer: dict[str, Any], text: str) -> bool:
+    """A checkpoint's tokenizer (its header's meta) can encode `text`: the byte-level BPEs anything, a char
+    vocabulary only its own characters (one learned from another corpus may lack ROMEO's letters)."""
+    return tokenizer.get("name") != "char" or set(text) <= set(tokenizer.get("chars") or "")
 
 
 def new_end(far: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
@@ -170,15 +214,18 @@ def checkpoint_line(out_dir: Path) -> str:
 
 def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
     """Where the run is, and the exact commands to sample from it and to continue it."""
+    out_dir = run_dir_itself(out_dir)
     out = shlex.quote(str(out_dir))
     checkpoint = checkpoint_line(out_dir)
     val = f"val loss {metrics['val/loss']:.4f}, {metrics['val/bpb']:.4f} bits/byte; " if "val/loss" in metrics else ""
-    dropped, end = new_end(how_far(out_dir))
+    far = how_far(out_dir)
+    dropped, end = new_end(far)
+    prompt = f' "{DEMO_PROMPT}"' if far is None or far["prompt"] else ""  # none: it starts as a document does
     return "\n".join(
         [
             f"done: {val}run directory {out_dir}",
             f"  {checkpoint}",
-            f'  sample:   python scripts/sample.py {out} "ROMEO:"',
+            f"  sample:   python scripts/sample.py {out}{prompt}",
             f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
             f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]
@@ -232,8 +279,12 @@ def help_text(config_dir: Path) -> str:
 
 
 def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
-    """Hydra's command line on this rank: ranks other than 0 write nothing of their own (their clocks
-    would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory."""
+    """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
+    refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
+    own (their clocks would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory."""
+    program, *args = argv
+    multirun = [arg for arg in args if arg in ("-m", "--multirun")]
+    argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:
         return argv
     ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "stdout"}

@@ -80,8 +80,12 @@ def publish_dir(tmp: Path, dest: Path) -> None:
     """Rename the finished directory `tmp` to `dest`, so `dest` is either absent or complete.
 
     If another process published `dest` first, keep theirs: both were built from the same inputs.
+    It gets the mode a plain mkdir gives: mkdtemp's 0700 would shut other users out of a shared cache.
     """
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        tmp.chmod(0o777 & ~umask)
         os.rename(tmp, dest)
     except OSError:
         if not dest.is_dir():

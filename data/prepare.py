@@ -113,6 +113,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         return load_prepared(directory, cache_dir)
 
     start = time.perf_counter()
+    check_writable(cache_dir)
     docs = load_documents(cfg)
     if docs.num_rows == 0:
         raise ValueError(f"data.source={cfg.source!r} gave no documents to prepare")
@@ -164,6 +165,19 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         meta["val_tokens"],
     )
     return load_prepared(directory, cache_dir)
+
+
+def check_writable(cache_dir: Path) -> None:
+    """Refuse a cache that cannot be written in one line, before the sdist, `datasets` or the tokens do
+    with a bare errno: e.g. a read-only or another user's $ATTNLAB_CACHE."""
+    try:
+        (cache_dir / "prepared").mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache_dir / "prepared").close()
+    except OSError as e:
+        raise ValueError(
+            f"the data cache {cache_dir} cannot be written ({e.strerror}: {e.filename}); "
+            "set ATTNLAB_CACHE or data.cache_dir to a writable directory"
+        ) from None
 
 
 def _texts(docs: "datasets.Dataset") -> Iterator[str]:
@@ -221,6 +235,8 @@ def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> Prepared
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         dtype = np.dtype(meta["dtype"])
         counts = {split: int(meta[f"{split}_tokens"]) for split in SPLITS}
+        if not isinstance(meta["tokenizer"], dict) or not isinstance(meta["val_bytes"], int):
+            raise TypeError("tokenizer must be an object, val_bytes an integer")
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{damaged}: {meta_path} is not valid ({type(e).__name__}); delete the directory") from None
     tokens = {}
@@ -233,5 +249,12 @@ def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> Prepared
                 f"of {dtype.itemsize} bytes; delete the directory to prepare it again"
             )
         tokens[split] = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
-    tokenizer = tokenizer_from_meta(meta["tokenizer"], cache_dir)
+    try:
+        tokenizer = tokenizer_from_meta(meta["tokenizer"], cache_dir)
+    except OSError:
+        raise  # gpt2's ranks file: a message of its own
+    except Exception as e:  # a missing field, or the tokenizers library's bare Exception for a bad spec
+        raise ValueError(
+            f"{damaged}: the tokenizer in {meta_path} cannot be rebuilt ({type(e).__name__}: {e}); delete the directory"
+        ) from None
     return PreparedData(directory, tokens["train"], tokens["val"], meta, tokenizer)

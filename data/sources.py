@@ -109,19 +109,31 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
 
 
 def check_utf8_text(path: Path) -> None:
-    """Refuse a binary or non-UTF-8 file in one line before `datasets` fails on it at length."""
+    """Refuse a binary, non-UTF-8 or unreadable file in one line before `datasets` fails on it at length."""
+    try:
+        _check_utf8_bytes(path)
+    except OSError as e:  # e.g. another user's file: one line naming it, not the bare errno
+        raise ValueError(f"data.files entry {str(path)!r} cannot be read ({e.strerror}); give readable files") from None
+
+
+def _check_utf8_bytes(path: Path) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while True:
+            chunk = f.read(1 << 20)
             if b"\0" in chunk:
                 raise ValueError(f"data.files entry {str(path)!r} is a binary file; give UTF-8 text files")
+            pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut, counted in e.start
             try:
-                decoder.decode(chunk)
+                decoder.decode(chunk, final=not chunk)  # final: a character cut short at the end is refused too
             except UnicodeDecodeError as e:
+                byte = offset - pending + e.start
                 raise ValueError(
-                    f"data.files entry {str(path)!r} is not UTF-8 text (byte {offset + e.start}); give UTF-8 text files"
+                    f"data.files entry {str(path)!r} is not UTF-8 text (byte {byte}); give UTF-8 text files"
                 ) from None
+            if not chunk:
+                return
             offset += len(chunk)
 
 

@@ -112,12 +112,20 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
     atomic_write_bytes(path, OmegaConf.to_yaml(OmegaConf.create(config)).encode())
 
 
+class RunLogHandler(logging.FileHandler):
+    """The handler that writes a run's train.log."""
+
+
 def log_to_file(path: Path) -> None:
-    """Send every log record of this process to the run's `train.log` too (once per path)."""
+    """Send every log record of this process to the run's `train.log` too, and to no earlier run's: a
+    sweep runs its jobs one after another in one process."""
     root = logging.getLogger()
-    if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.resolve() for h in root.handlers):
-        return
-    handler = logging.FileHandler(path, encoding="utf-8")
+    for old in [h for h in root.handlers if isinstance(h, RunLogHandler)]:
+        if Path(old.baseFilename) == path.resolve():
+            return
+        root.removeHandler(old)
+        old.close()
+    handler = RunLogHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     root.addHandler(handler)
 
@@ -151,7 +159,8 @@ class Meter:
 
     def step_done(self, result: "StepResult", elapsed_s: float, last: bool) -> None:
         self.step = step = self.step + 1
-        self.bar.update(int(elapsed_s) - self.bar.n if self.by_time else 1)
+        # capped at the budget: tqdm drops a total that n passes (a first eval or the one step past it)
+        self.bar.update(min(int(elapsed_s), self.bar.total) - self.bar.n if self.by_time else 1)
         if step % self.log_interval and not last:
             return
         now = time.perf_counter()

@@ -60,14 +60,24 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         missing = [self.directory, *self.directory.parents]
-        nearest = next(d for d in missing if d.exists())
+        nearest = next(d for d in missing if d.exists() or d.is_symlink())
+        if nearest.is_symlink() and not nearest.exists():  # mkdir cannot make its target
+            where = "is a symlink" if nearest == self.directory else f"is under a symlink ({nearest})"
+            raise ValueError(f"out_dir={str(self.directory)!r} {where} to {os.readlink(nearest)}, which is missing")
         if not nearest.is_dir():
             where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
             raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
         self.created = missing[: missing.index(nearest)]
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.found = {p.name for p in self.directory.iterdir()}
-        self._fd = self._open_locked()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.found = {p.name for p in self.directory.iterdir()}
+            self._fd = self._open_locked()
+        except OSError as e:  # read-only, another user's, a name too long: one line naming out_dir
+            for made in self.created:
+                with contextlib.suppress(OSError):
+                    made.rmdir()
+            where = f"{e.strerror}: {e.filename}"
+            raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where})") from None
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
         return self
@@ -131,6 +141,11 @@ class CheckpointDir:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
             if held := self._files_in_the_way(overwrite):
+                if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
+                    raise ValueError(
+                        f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
+                        "to continue; pass overwrite=true to replace them, or another out_dir"
+                    )
                 raise ValueError(
                     f"{self.directory.parent} already holds another run's files ({held}); "
                     "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
@@ -158,7 +173,7 @@ class CheckpointDir:
             if not path.is_file():
                 raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
             load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
-            step = checkpoint_step(path) if self._holds(path) else None
+            step = checkpoint_step(path) if self.holds(path) else None
             step = -1 if step is None else step
             # Resuming an older or a foreign checkpoint here would interleave two histories.
             newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
@@ -167,7 +182,7 @@ class CheckpointDir:
                     f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
                     "pass overwrite=true to replace them, or resume=auto for the newest"
                 )
-            if not self._holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
+            if not self.holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
                 raise ValueError(
                     f"{self.directory.parent} already holds another run's files ({held}), which {path.name} "
                     "does not continue; pass overwrite=true to replace them, or another out_dir"
@@ -179,7 +194,7 @@ class CheckpointDir:
         """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""
         return "" if overwrite else ", ".join(run_files(self.directory.parent)[:4])
 
-    def _holds(self, path: Path) -> bool:
+    def holds(self, path: Path) -> bool:
         """`path` is listed in this directory (a symlink there too: its name is its step here)."""
         return path.absolute().parent.resolve() == self.directory.resolve()
 
@@ -215,7 +230,7 @@ class CheckpointDir:
     def history_kept(self, resume_from: Path | None, step: int) -> int:
         """The last step of this directory's records that the run continues: `step` when it resumes one of
         its checkpoints, else -1 (a fresh run, or a foreign checkpoint's, starts the records afresh)."""
-        return step if resume_from is not None and self._holds(resume_from) else -1
+        return step if resume_from is not None and self.holds(resume_from) else -1
 
     def start(self, resume_from: Path | None, step: int) -> None:
         """Before the first step: drop temp files of killed saves and the owned checkpoints this run

@@ -186,15 +186,18 @@ class Trainer:
             done.append(elapsed_s / self.cfg.budget_s)
         return min(max(done), 1.0)
 
-    def fit(self, logger: MetricsLogger | None = None, resumed: ckpt_io.Checkpoint | None = None) -> dict[str, Any]:
+    def fit(
+        self, logger: MetricsLogger | None, stop: guards.StopSignals, resumed: ckpt_io.Checkpoint | None = None
+    ) -> dict[str, Any]:
         """The loop: step, log, evaluate and save, until max_steps or budget_s; returns the final metrics.
-        Under a budget it stops early enough that the last evaluation and save still fit."""
+        Under a budget it stops early enough that the last evaluation and save still fit. A signal `stop`
+        caught (even before the loop) ends it at the next step, saved."""
         cfg = self.cfg
         clock, meter = Clock(self.state.elapsed_s, self.dist), Meter(self, logger)
         if resumed is not None:
             ckpt_io.restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
         self.model.train()
-        with guards.StopSignals() as stop, meter:
+        with meter:
             if cfg.budget_s and self.state.step == 0:
                 self.evaluate_and_save(meter, clock, save=False)  # the loss at init, and what an eval costs
             now, _ = clock.agreed()
@@ -207,7 +210,7 @@ class Trainer:
                 if self.state.step % cfg.eval_interval == 0 or last:
                     self.evaluate_and_save(meter, clock)
                     now, _ = clock.agreed()  # the evaluation took time; a signal waits for the next step
-                if requested:  # every rank stops at the same step
+                if requested and not last:  # every rank stops at the same step; at the last one the run is done
                     self.state.elapsed_s = clock.local()
                     path = self.checkpoints.latest() if meter.saved_step == self.state.step else self.save(False)
                     raise guards.RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
@@ -279,7 +282,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         try:
             if trainer.checkpoints is None:  # resumed a finished run: its records stay as they are
                 return trainer.metrics
-            metrics = trainer.fit(start_records(trainer), resumed)
+            # From the first file written a signal stops the run at a saved step (wandb's start takes seconds).
+            with guards.StopSignals() as stop:
+                metrics = trainer.fit(start_records(trainer), stop, resumed)
             if dist.is_main:
                 plot_run(Path(cfg.out_dir))
             if cfg.sample_tokens > 0:
@@ -309,6 +314,11 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     resumed = trainer.restore(resume_path) if resume_path is not None else None
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
+        if not checkpoints.holds(resume_path):  # out_dir would end with nothing in it to sample or continue
+            raise ValueError(
+                f"resume={resume_path} finished at step {trainer.state.step}: nothing left to train; raise "
+                f"max_steps or budget_s to continue it in {cfg.out_dir}"
+            )
         log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
     else:
         trainer.checkpoints, trainer.resume_path = checkpoints, resume_path

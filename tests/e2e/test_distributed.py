@@ -187,6 +187,26 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model=huge", "error: In 'config': Could not find 'model/huge'"),
+        ("model.n_head=3", "error: model.d_model (32) must be divisible by model.n_head (3)"),
+    ],
+)
+def test_a_bad_override_under_torchrun_is_the_root_cause_torchrun_names(tmp_path, override, message):
+    # Defect: torchrun's failure summary after the ranks' line (its own, which a rank cannot stop) gave as
+    # the root cause only "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html".
+    proc = torchrun(["+debug=tiny", override, f"out_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors and errors[0].startswith(message) and len(set(errors)) == 1, proc.stderr[-3000:]
+    root_cause = proc.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert f"traceback : {errors[0]}" in root_cause, root_cause
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrides, tmp_path):
     # A constant learning rate, so that the schedule does not depend on max_steps.
     flat_lr = ["optim.warmup_steps=0", "optim.lr=1e-3", "optim.min_lr=1e-3"]

@@ -2,6 +2,7 @@
 run directory as it was: config values, data, checkpoints that do not fit, another run's
 directory, a full disk, and non-finite steps."""
 
+import errno
 import math
 import os
 import shutil
@@ -264,6 +265,36 @@ def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
         run_train([*shared_corpus_overrides, f"out_dir={out}"])
     one_line(e)
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_out_dir_that_is_a_dangling_symlink(shared_corpus_overrides, tmp_path):
+    # Defect: it said only "[Errno 17] File exists: '...'" for a symlink whose target is gone.
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out in (tmp_path / "link", tmp_path / "link" / "run"):
+        with pytest.raises(
+            ValueError, match=rf"out_dir='{out}' is (under )?a symlink (\(.*\) )?to {tmp_path / 'gone'}, which"
+        ):
+            run_train([*shared_corpus_overrides, f"out_dir={out}"])
+    assert (tmp_path / "link").is_symlink() and not (tmp_path / "gone").exists()
+
+
+def test_out_dir_that_cannot_be_written(shared_corpus_overrides, tmp_path, monkeypatch):
+    # Defect: a permission-denied out_dir said only "[Errno 13] Permission denied: '...'", naming no key.
+    # Root writes anywhere, so the denial is simulated where the run makes its directory.
+    out = tmp_path / "read-only" / "run"
+    real_mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if self == out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    (tmp_path / "read-only").mkdir()
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(ValueError, match=rf"out_dir='{out}' cannot be written \(Permission denied: {out}\)") as e:
+        run_train([*shared_corpus_overrides, f"out_dir={out}"])
+    one_line(e)
+    assert list((tmp_path / "read-only").iterdir()) == []
 
 
 def test_a_run_ending_with_a_nonfinite_val_loss_skips_the_sample(run, caplog, capsys):

@@ -322,6 +322,19 @@ def test_resume_auto_refuses_run_files_without_a_checkpoint_and_keeps_them(corpu
     assert (out / "checkpoints" / "step_0000002.safetensors").is_file()
 
 
+def test_a_fresh_run_over_a_run_killed_before_its_first_save_does_not_offer_resume_auto(corpus_args, tmp_path):
+    # Defect: it said "pass resume=auto to continue it", which was refused next for having no checkpoint.
+    out = tmp_path / "killed"
+    out.mkdir()
+    (out / "config.yaml").write_text("model: {}\n")
+    (out / "train.log").write_text("step 1\n")
+    before = checksums(out)
+    message = r"killed already holds another run's files \(config\.yaml\), with no checkpoint to continue; "
+    with pytest.raises(ValueError, match=message + r"pass overwrite=true to replace them, or another out_dir$"):
+        run_train([*corpus_args, f"out_dir={out}"])
+    assert checksums(out) == before
+
+
 def test_resume_auto_in_a_sweep_job_directory_or_an_empty_one_starts_afresh(corpus_args, tmp_path):
     job = tmp_path / "job"  # what Hydra writes into a sweep job's directory before the run starts
     (job / ".hydra").mkdir(parents=True)

@@ -88,6 +88,42 @@ def test_ctrl_c_saves_the_current_step_and_resume_matches(run_overrides, tmp_pat
     assert logged(tmp_path / "run", "val/loss") == logged(reference, "val/loss")
 
 
+def test_a_signal_during_the_last_step_finishes_the_run(run_overrides, tmp_path, monkeypatch):
+    # Defect: a stop requested during the last step raised "stopped by SIGINT" with a continue command,
+    # though the run had reached its end; summary.json was never written, so the run read as unfinished
+    # for good (its resume=auto found nothing left to train and wrote none either).
+    real_lr_at = training.trainer.lr_at
+
+    def lr_at_signalling(step, *args):
+        if step == 19:  # the 20th and last step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr_at(step, *args)
+
+    monkeypatch.setattr(training.trainer, "lr_at", lr_at_signalling)
+    metrics = run_train(run_overrides)
+    assert "val/loss" in metrics
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == 20
+
+
+def test_ctrl_c_while_the_run_directory_is_written_stops_at_a_saved_step(run_overrides, tmp_path, monkeypatch):
+    # Defect: Ctrl-C after config.yaml and metrics.jsonl were written but before the loop (wandb's start
+    # takes seconds) was a bare KeyboardInterrupt: "interrupted", no checkpoint and no continue command,
+    # and the same command again was refused for the files it had left.
+    real_write_run_info = training.trainer.write_run_info
+
+    def write_run_info_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_write_run_info(*args, **kwargs)
+
+    monkeypatch.setattr(training.trainer, "write_run_info", write_run_info_interrupted)
+    with pytest.raises(RunInterrupted, match=r"stopped by SIGINT after step 1; saved .*step_0000001"):
+        run_train(run_overrides)
+    monkeypatch.setattr(training.trainer, "write_run_info", real_write_run_info)
+    run_train([*run_overrides, "resume=auto"])
+    assert sorted(logged(tmp_path / "run")) == list(range(1, 21))
+
+
 def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, reference):
     short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
     run_train(short)  # its schedule differs after step 12, so resume it under the full max_steps
@@ -96,6 +132,18 @@ def test_resume_from_a_path_in_a_new_directory(run_overrides, tmp_path, referenc
     continued = logged(tmp_path / "continued")
     assert sorted(continued) == list(range(13, 21))
     assert continued == {s: v for s, v in logged(reference).items() if s > 12}
+
+
+def test_resume_path_of_a_finished_checkpoint_into_a_new_directory_is_refused(run_overrides, tmp_path):
+    # Defect: it trained nothing and wrote nothing, yet ended "done: ...; run directory NEW" with "no
+    # checkpoint", a sample command for the empty NEW and a continue command (resume=auto there) that
+    # would have started a fresh run; NEW was left behind holding only .lock.
+    short = [*run_overrides, "max_steps=12", f"out_dir={tmp_path / 'short'}"]
+    run_train(short)
+    ckpt = tmp_path / "short" / "checkpoints" / "step_0000012.safetensors"
+    with pytest.raises(ValueError, match=rf"resume={ckpt} finished at step 12: nothing left to train; raise"):
+        run_train([*short, f"resume={ckpt}", f"out_dir={tmp_path / 'new'}"])
+    assert not (tmp_path / "new").exists()
 
 
 def launch(overrides: list[str], log_path: Path) -> subprocess.Popen:

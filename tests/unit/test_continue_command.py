@@ -10,8 +10,16 @@ import pytest
 import safetensors.torch
 import torch
 
-from cli.train_output import END_KEYS, closing_lines, continue_command, run_overrides
+from cli.train_output import (
+    END_KEYS,
+    closing_lines,
+    continue_command,
+    hydra_argv,
+    run_overrides,
+    sweep_continue_command,
+)
 from tests.helpers import ROOT, run_cli
+from training.distributed import DistInfo
 
 OVERRIDES = [
     "model.n_head=8",
@@ -22,10 +30,62 @@ OVERRIDES = [
 ]
 
 
-@pytest.mark.parametrize("out_dir", ["outputs/2026-12-01/16-43-27", "/tmp/a run's dir"])
+@pytest.mark.parametrize("out_dir", ["outputs/2026-12-01/16-43-27", "/tmp/a run dir"])
 def test_the_shell_gives_train_py_the_runs_overrides_again(out_dir):
     argv = shlex.split(continue_command(out_dir, [f"out_dir={out_dir}", *OVERRIDES, "overwrite=true"]))
     assert argv == ["python", "train.py", f"out_dir={out_dir}", "resume=auto", *OVERRIDES]
+
+
+@pytest.mark.parametrize("out_dir", ["/tmp/a run's dir", "/tmp/über", "/tmp/runs,2", "/tmp/run (2)", "/tmp/a\\'b\\"])
+def test_hydra_reads_the_pasted_out_dir_back_as_the_path(out_dir):
+    # Defect: out_dir was shell-quoted only, so a path Hydra's grammar does not take bare (non-ASCII,
+    # a comma, brackets) made a continue command that failed when pasted ("cannot parse override").
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    argv = shlex.split(continue_command(out_dir, ["model.n_head=8"]))
+    assert OverridesParser.create().parse_override(argv[2]).value() == out_dir
+    assert argv[3:] == ["resume=auto", "model.n_head=8"]
+
+
+def test_an_interrupted_sweep_continues_as_a_whole_in_its_folder():
+    # Defect: a sweep stopped by Ctrl-C printed only its running job's command; the jobs after it never
+    # started, and typing the sweep again began a new one in a new folder.
+    argv = ["-m", "+experiment=vaswani_a_cpu", "seed=1,2", "resume=auto", "hydra.sweep.dir=old"]
+    command = sweep_continue_command("multirun/vaswani_a_cpu/05-30-58", argv)
+    assert shlex.split(command) == [
+        "python",
+        "train.py",
+        "-m",
+        "+experiment=vaswani_a_cpu",
+        "seed=1,2",
+        "hydra.sweep.dir=multirun/vaswani_a_cpu/05-30-58",
+        "resume=auto",
+    ]
+
+
+def test_a_sweep_flag_typed_among_the_overrides_goes_before_them():
+    # Defect: `python train.py +debug=tiny -m seed=1,2` was refused by Hydra's parser with its whole usage
+    # ("unrecognized arguments: seed=1,2"), for overrides on both sides of -m.
+    assert hydra_argv(["train.py", "+debug=tiny", "-m", "seed=1,2"], DistInfo()) == [
+        "train.py",
+        "-m",
+        "+debug=tiny",
+        "seed=1,2",
+    ]
+    assert hydra_argv(["train.py", "seed=1"], DistInfo()) == ["train.py", "seed=1"]
+
+
+def test_the_lines_for_a_run_reached_through_outputs_latest_name_the_run_itself(tmp_path):
+    # Defect: `out_dir=outputs/latest resume=auto` (the README's way to continue) ended with a continue
+    # command for outputs/latest, which the next run repoints: pasted later, it continued another run.
+    run = finished_run(
+        tmp_path / "outputs" / "2026-12-01" / "20-43-56", step=20, elapsed_s=4.0, max_steps=20, budget_s=None
+    )
+    (tmp_path / "outputs" / "latest").symlink_to(run.relative_to(tmp_path / "outputs"))
+    latest = tmp_path / "outputs" / "latest"
+    assert shlex.split(continue_command(latest, []))[2] == f"out_dir={run}"
+    lines = closing_lines(latest, {}, [])
+    assert str(latest) not in lines and f"run directory {run}" in lines and f"out_dir={run} " in lines
 
 
 def test_a_prompt_in_hydra_quotes_reads_as_typed():
@@ -47,9 +107,13 @@ def test_a_sweep_job_continues_as_the_one_run_it_is():
     assert run_overrides(job, job, multirun=False) == job  # a plain run: no mode in its command
 
 
-def finished_run(run: Path, step: int, elapsed_s: float, max_steps: int | None, budget_s: float | None) -> Path:
-    """A run directory whose newest step checkpoint says how far it got (a header is all the line reads)."""
+def finished_run(
+    run: Path, step: int, elapsed_s: float, max_steps: int | None, budget_s: float | None, chars: str | None = None
+) -> Path:
+    """A run directory whose newest step checkpoint says how far it got (a header is all the line reads);
+    a BPE tokenizer, or with `chars` a char vocabulary of those characters."""
     meta = {"step": step, "elapsed_s": elapsed_s, "config": {"max_steps": max_steps, "budget_s": budget_s}}
+    meta["tokenizer"] = {"name": "char", "chars": chars} if chars is not None else {"name": "bpe", "spec": "{}"}
     path = run / "checkpoints" / f"step_{step:07d}.safetensors"
     path.parent.mkdir(parents=True)
     safetensors.torch.save_file({"w": torch.zeros(1)}, str(path), metadata={"attnlab": json.dumps(meta)})
@@ -126,3 +190,12 @@ def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     run = finished_run(Path("outputs/2026-12-01/20-43-56"), step=900, elapsed_s=262.3, max_steps=None, budget_s=270)
     assert f"  continue: {continue_line(run, [])}" == shown
+
+
+@pytest.mark.parametrize("chars,prompt", [(None, ' "ROMEO:"'), ("ROMEO: abc", ' "ROMEO:"'), ("the king", "")])
+def test_the_sample_command_gives_a_prompt_the_model_can_encode(tmp_path, chars, prompt):
+    # Defect: it always said "ROMEO:", which sample.py refused for a char model of another corpus
+    # ("characters ':', 'E', 'M', 'O', 'R' are not in the char vocabulary"); without a prompt it samples.
+    run = finished_run(tmp_path / "run", step=20, elapsed_s=4.0, max_steps=20, budget_s=None, chars=chars)
+    (line,) = [line for line in closing_lines(run, {}, []).splitlines() if "sample:" in line]
+    assert line == f"  sample:   python scripts/sample.py {run}{prompt}"

@@ -4,6 +4,8 @@ import hashlib
 import importlib
 import io
 import json
+import os
+import stat
 import subprocess
 import tarfile
 from dataclasses import replace
@@ -182,6 +184,32 @@ def test_files_errors(tmp_path):
         load_documents(files_cfg(tmp_path))
 
 
+def test_a_file_ending_inside_a_utf8_character_is_one_line(tmp_path):
+    # Defect: the check never finished its decoder, so a last character cut short ("caf\xc3") passed it
+    # and `datasets` failed later with a DatasetGenerationError traceback.
+    write_docs(tmp_path / "docs", DOCS)
+    (tmp_path / "docs" / "cut.txt").write_bytes(b"Document: caf\xc3")
+    with pytest.raises(ValueError, match=r"data.files entry '.*cut.txt' is not UTF-8 text \(byte 13\)"):
+        load_documents(files_cfg(tmp_path))
+
+
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Defect: it said only "[Errno 13] Permission denied: '...'". Root reads anything, so the denial is
+    # simulated where the file is opened.
+    write_docs(tmp_path / "docs", DOCS)
+    locked = tmp_path / "docs" / "doc03.txt"
+    real_open = open
+
+    def denied(path, *args, **kwargs):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(ValueError, match=rf"data.files entry '{locked}' cannot be read \(Permission denied\)"):
+        load_documents(files_cfg(tmp_path))
+
+
 @pytest.fixture
 def hub_dir(tmp_path) -> Path:
     """A local directory that load_dataset reads like a Hub dataset: jsonl with extra columns."""
@@ -356,9 +384,62 @@ def test_hub_source_prepares(tmp_path, hub_dir):
     assert prepared.meta["num_documents"] == {"train": 9, "val": 1}
 
 
+def test_prepared_data_is_readable_by_others_as_a_plain_mkdir_would_make_it(tmp_path):
+    # Defect: the published directories kept mkdtemp's mode 0700, so in a cache shared through
+    # $ATTNLAB_CACHE no other user could read the prepared tokens ("[Errno 13] Permission denied").
+    old = os.umask(0o022)
+    try:
+        write_docs(tmp_path / "docs", DOCS)
+        directory = prepare(files_cfg(tmp_path), progress=False).directory
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Defect: a read-only $ATTNLAB_CACHE said only "[Errno 13] Permission denied: '.../downloads'" (or
+    # '.../hf_datasets'). Root writes anywhere, so the denial is simulated where the cache is first written.
+    write_docs(tmp_path / "docs", DOCS)
+    cache = tmp_path / "cache"
+    real_mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if str(self).startswith(str(cache)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(ValueError, match=rf"the data cache {cache} cannot be written \(Permission denied: {cache}"):
+        prepare(files_cfg(tmp_path), progress=False)
+
+
 def test_load_prepared_needs_meta(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"is not prepared data: it has no meta\.json"):
         load_prepared(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda meta: meta.pop("tokenizer"),
+        lambda meta: meta.pop("val_bytes"),
+        lambda meta: meta.update(val_bytes="many"),
+        lambda meta: meta.update(tokenizer=5),
+        lambda meta: meta["tokenizer"].update(chars=None),
+        lambda meta: meta["tokenizer"].pop("chars"),
+    ],
+    ids=["no tokenizer", "no val_bytes", "val_bytes a string", "tokenizer a number", "chars null", "no chars"],
+)
+def test_a_meta_json_with_damaged_fields_is_one_line_naming_it(tmp_path, damage):
+    # Defect: only unparsable JSON and the token counts were checked; a meta.json that parsed but lacked a
+    # field, or held one of the wrong type, failed later with a KeyError / TypeError traceback.
+    write_docs(tmp_path / "docs", DOCS)
+    directory = prepare(files_cfg(tmp_path), progress=False).directory
+    meta = json.loads((directory / "meta.json").read_text())
+    damage(meta)
+    (directory / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"prepared data in {directory} is damaged: .*meta.json"):
+        load_prepared(directory)
 
 
 @pytest.mark.corpus

@@ -94,3 +94,19 @@ def test_an_unknown_group_option_lists_the_groups_options_only():
     message = composition_error(e.value)
     options = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
     assert message == f"In 'config': Could not find 'model/huge'; available options in 'model': {', '.join(options)}"
+
+
+@pytest.mark.parametrize("override", ["sample_prompt=ROMEO☃", "sample_prompt=(aside)", "out_dir=/tmp/über"])
+def test_an_override_hydra_cannot_read_bare_says_how_to_quote_it(override):
+    # Defect: it said only "LexerNoViableAltException: sample_prompt=ROMEO☃" (or "Error parsing override"),
+    # not what is wrong with the value or what to type instead.
+    from hydra.errors import OverrideParseException
+
+    from cli.config import compose_configs, composition_error
+
+    with pytest.raises(OverrideParseException) as e:
+        compose_configs([override])
+    key, value = override.split("=", 1)
+    message = composition_error(e.value)
+    assert message.startswith(f"cannot parse override '{override}': ") and "\n" not in message
+    assert message.endswith(f"""put the value in Hydra's quotes: "{key}='{value}'\"""")

@@ -159,3 +159,16 @@ def test_fairness_budgets_buy_a_sane_whole_number_of_steps():
         fairness.steps_for_flops(1e300, flops_per_token=1000, tokens_per_step=1000)
     with pytest.raises(ValueError, match=r"fairness.time_budget_s=1e\+12 buys 1e\+15 steps, more than"):
         fairness.steps_for_time(1e12, seconds_per_step=1e-3)
+
+
+def test_the_budget_bar_stays_on_its_budget_when_the_clock_passes_it(tmp_path):
+    # Defect: a run whose clock passed budget_s (a first evaluation longer than the budget, or the one
+    # step every run trains) showed "train:   0%| | 122/None s": tqdm drops the total once n exceeds it.
+    from training.loggers import Meter
+    from training.trainer import StepResult
+
+    trainer = tiny_trainer(tmp_path, "budget_s=30", "max_steps=null", "progress=true")
+    with Meter(trainer, None) as meter:
+        meter.step_done(StepResult(1.0, 1.0, 1e-3, True), elapsed_s=122.0, last=True)
+        shown = str(meter.bar)
+    assert "30/30 s" in shown and "100%" in shown, shown
