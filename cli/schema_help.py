@@ -139,8 +139,13 @@ def render_help(cls: type, prefix: str = "", width: int = 100, defaults: dict[st
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one `error: ...` line on stderr (exit 2), not usage + message."""
+    """argparse whose errors are one `error: ...` line on stderr (exit 2), not usage + message;
+    `unrecognized_hint` is added to an unrecognized-arguments error (e.g. how to pass a prompt like `-x`)."""
+
+    unrecognized_hint = ""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments") and self.unrecognized_hint:
+            message += f"; {self.unrecognized_hint}"
         sys.stderr.write(f"error: {message} (see --help)\n")
         sys.exit(2)

@@ -255,6 +255,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "x", "seed=99999999999999999999"], "seed=99999999999999999999 is invalid"),
         (["RUN", "x", "--seed", "7.5"], "argument --seed: invalid int value: '7.5'"),
         (["RUN", "x", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["RUN", "-x"], r"unrecognized arguments: -x; a prompt that starts with '-' goes last, after --"),
         (["RUN", "x", "tempreture=1"], r"unknown option 'tempreture' \(did you mean temperature\?\)"),
         (["RUN", "x", "stream=maybe"], "stream='maybe' is invalid; it must be true or false"),
         (["RUN", "x", "device=foo"], "device='foo' is invalid"),
