@@ -44,7 +44,12 @@ async function guarded(button, status, action) {
 function prompt() { return $("prompt").value; }
 
 function settings() {
-  const value = (id) => $(id).value.trim();
+  const value = (id) => {
+    // A number field's text the browser cannot parse ("1e", "0.8.1") reads as "", which the API takes as
+    // no limit or temperature 0: refuse it here, naming the field, rather than sample with another setting.
+    if ($(id).validity.badInput) throw new Error(`${id} is not a number; give one such as ${$(id).defaultValue || 1}`);
+    return $(id).value.trim();
+  };
   return { temperature: value("temperature"), top_k: value("top_k"), top_p: value("top_p"),
     seed: value("seed"), max_tokens: value("max_tokens") };
 }

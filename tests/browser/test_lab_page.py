@@ -202,3 +202,16 @@ def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 0, "Ctrl-C stops the server cleanly"  # a loaded CI machine is slow
+
+
+def test_a_setting_the_browser_cannot_read_as_a_number_is_refused_not_sampled_greedily(page):
+    """A number field holding text it cannot parse ('1e') reads as "" in JavaScript, which the API takes as
+    temperature 0: the page sampled greedily and said 'done'. It now names the field instead."""
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "10")
+    page.click("#temperature", click_count=3)
+    page.keyboard.type("1e")
+    page.click("#sample-run")
+    message = page.wait_for_selector("#message:not([hidden])").inner_text()
+    assert "temperature" in message and "not a number" in message, message
+    assert "done" not in page.inner_text("#sample-status")
