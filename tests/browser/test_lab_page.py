@@ -215,3 +215,17 @@ def test_a_setting_the_browser_cannot_read_as_a_number_is_refused_not_sampled_gr
     message = page.wait_for_selector("#message:not([hidden])").inner_text()
     assert "temperature" in message and "not a number" in message, message
     assert "done" not in page.inner_text("#sample-status")
+
+
+def test_a_narrow_window_keeps_the_attention_map_readable_and_nothing_wider_than_the_page(page):
+    """At a phone's width the fixed 260 px legend column squeezed the maps to a sliver, and the Open and Runs
+    fields (300 and 480 px) made the page scroll sideways."""
+    page.set_viewport_size({"width": 375, "height": 800})
+    fill_prompt(page, PROMPT)
+    page.click("button[data-tab=attention]")
+    page.wait_for_selector("#attn-status:has-text('layer 0')", timeout=20_000)
+    assert page.locator("#attn-maps").bounding_box()["width"] > 250
+    for tab in ("sample", "attention", "intervene", "runs"):
+        page.click(f"button[data-tab={tab}]")
+        wide = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert wide <= 0, f"{tab}: the page is {wide} px wider than the window"
