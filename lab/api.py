@@ -86,16 +86,29 @@ def sampling_settings(body: dict) -> SamplingParams:
     )
 
 
+class LastDecode:
+    """A tokenizer that remembers how many ids it decoded last. stream_text decodes a piece's ids just before
+    it yields the piece, so that is the piece's token count: a BPE piece held back until its UTF-8 character
+    is whole holds several tokens, and counting pieces undercounted the sample."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.ids = tokenizer, 0
+
+    def decode(self, ids: list[int]) -> str:
+        self.ids = len(ids)
+        return self.tokenizer.decode(ids)
+
+
 def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
-    """Check the request now (so errors come back as JSON), then stream {"text": ...} records."""
+    """Check the request now (so errors come back as JSON), then stream {"text": ..., "tokens": n} records."""
     settings = sampling_settings(body)
     idx = session.encode(text(body, "prompt"))
 
     def records() -> Iterator[dict]:
         with session.lock:
-            ids = idx.tolist()
-            for piece in stream_text(session.model, session.tokenizer, ids, settings, session.device):
-                yield {"text": piece}
+            ids, counted = idx.tolist(), LastDecode(session.tokenizer)
+            for piece in stream_text(session.model, counted, ids, settings, session.device):
+                yield {"text": piece, "tokens": counted.ids}
 
     return {"prompt_tokens": int(idx.shape[0])}, records()
 

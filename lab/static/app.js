@@ -88,7 +88,7 @@ async function runSample() {
   const generated = el("span", { class: "gen-text" });
   out.append(el("span", { class: "prompt-text", text: prompt() }), generated);
   const reader = response.body.getReader(), decoder = new TextDecoder();
-  let buffered = "", pieces = 0;
+  let buffered = "", tokens = 0;
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -99,10 +99,10 @@ async function runSample() {
       for (const line of lines.filter(Boolean)) {
         const record = JSON.parse(line);
         if (record.error) throw new Error(record.error);
-        if (record.text !== undefined) { generated.textContent += record.text; pieces += 1; }
+        if (record.text !== undefined) { generated.textContent += record.text; tokens += record.tokens; }
       }
       const seconds = (performance.now() - started) / 1000;
-      status.textContent = `${pieces} tokens · ${(pieces / seconds).toFixed(0)} tokens/s`;
+      status.textContent = `${tokens} tokens · ${(tokens / seconds).toFixed(0)} tokens/s`;
     }
     status.textContent += " · done";
   } catch (e) {

@@ -294,6 +294,31 @@ def test_streamed_sample_equals_generate_with_the_same_seed(session):
     assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
 
 
+class HalfCharacters:
+    """The char tokenizer, but every 'e' is half a character (as a byte-level BPE token ending inside a UTF-8
+    character decodes to a trailing U+FFFD until the next token completes it)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids)
+        return text + "\ufffd" if text.endswith("e") else text
+
+
+def test_streamed_records_count_tokens_not_text_pieces(session, monkeypatch):
+    """A piece held back until its character is whole holds several tokens: the page counted pieces, so a
+    BPE sample of 20 tokens ended '18 tokens · done'. Each record now says how many tokens it holds."""
+    monkeypatch.setattr(session, "tokenizer", HalfCharacters(session.tokenizer))
+    _, records = api.sample(session, {"prompt": "the king", "max_tokens": 60, "seed": 3, "temperature": 2})
+    pieces = list(records)
+    assert len(pieces) < 60, "some pieces hold more than one token (the test's premise)"
+    assert sum(r["tokens"] for r in pieces) == 60
+
+
 def test_the_page_loads_nothing_from_outside():
     """Offline by construction: no URL in the static files, and every file index.html names is there."""
     for path in STATIC.iterdir():
