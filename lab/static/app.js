@@ -113,7 +113,19 @@ async function runSample() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
+  // The tab is the URL's #fragment, so Back and Forward move between tabs and a reload keeps the tab.
+  const tabOfUrl = () => {
+    const name = location.hash.slice(1);
+    return document.querySelector(`.tabs button[data-tab="${CSS.escape(name)}"]`) ? name : "sample";
+  };
+  for (const b of document.querySelectorAll(".tabs button")) {
+    b.addEventListener("click", () => {
+      if (tabOfUrl() !== b.dataset.tab) history.pushState(null, "", `#${b.dataset.tab}`);
+      showTab(b.dataset.tab);
+    });
+  }
+  window.addEventListener("popstate", () => showTab(tabOfUrl()));
+  showTab(tabOfUrl());
   $("message-close").addEventListener("click", clearMessage);
   $("sample-run").addEventListener("click", () => guarded($("sample-run"), $("sample-status"), runSample));
   $("sample-stop").addEventListener("click", () => sampleAbort && sampleAbort.abort());

@@ -229,3 +229,22 @@ def test_a_narrow_window_keeps_the_attention_map_readable_and_nothing_wider_than
         page.click(f"button[data-tab={tab}]")
         wide = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert wide <= 0, f"{tab}: the page is {wide} px wider than the window"
+
+
+def test_browser_back_and_forward_move_between_tabs_and_a_reload_keeps_the_tab(page):
+    """The tabs were not in the history: Back after switching tabs left the lab (to the previous site or a
+    blank page), and a reload always went back to Sample."""
+    shown = lambda: page.evaluate("document.body.dataset.tab")  # noqa: E731
+    page.click("button[data-tab=attention]")
+    page.click("button[data-tab=runs]")
+    page.go_back()
+    page.wait_for_function("document.body.dataset.tab === 'attention'")
+    assert page.locator("#tab-attention").is_visible() and page.locator("#tab-runs").is_hidden()
+    page.go_back()
+    page.wait_for_function("document.body.dataset.tab === 'sample'")
+    assert page.url.startswith("http://127.0.0.1"), "still on the lab"
+    page.go_forward()
+    page.wait_for_function("document.body.dataset.tab === 'attention'")
+    page.reload()
+    page.wait_for_selector("#model-info b")
+    assert shown() == "attention" and page.locator("#tab-attention").is_visible()
