@@ -54,12 +54,16 @@ function renderResult(column, result, reference) {
     const fill = el("div", { class: "fill" });
     fill.style.width = `${(100 * p).toFixed(1)}%`;
     bars.append(el("div", { class: "bar" }, el("span", { class: "tk", text: token_label(token) }),
-      el("div", { class: "track" }, fill), el("span", { class: "pv", text: `${(100 * p).toFixed(1)}%` })));
+      el("div", { class: "track" }, fill), el("span", { class: "pv", text: percent(p) })));
   }
   const sample = el("pre", { class: "output" }, el("span", { class: "prompt-text", text: prompt() }),
     el("span", { class: "gen-text", text: result.sample }));
   box.append(loss, bars, sample);
 }
+
+// One decimal, or two significant digits under 1%: a wide vocabulary's top 10 may each be under 0.05%,
+// which one decimal showed as ten bars of 0.0%.
+function percent(p) { const v = 100 * p; return `${v >= 1 || v === 0 ? v.toFixed(1) : v.toPrecision(2)}%`; }
 
 // The same symbols as analysis.attention.token_label, so a space or newline is visible in a bar's label.
 function token_label(text) { return text.replace(/ /g, "␣").replace(/\n/g, "\\n").replace(/\t/g, "\\t") || "∅"; }

@@ -248,3 +248,11 @@ def test_browser_back_and_forward_move_between_tabs_and_a_reload_keeps_the_tab(p
     page.reload()
     page.wait_for_selector("#model-info b")
     assert shown() == "attention" and page.locator("#tab-attention").is_visible()
+
+
+def test_a_small_next_token_probability_is_shown_with_its_digits_not_as_zero(page):
+    """An untrained or wide-vocabulary model's top 10 are each under 0.05%: every bar read '0.0%'."""
+    page.evaluate(
+        "renderResult('col-full', {loss: 1.5, sample: '', top: [{token: 'a', p: 2.34e-4}, {token: 'b', p: 0.5}]}, null)"
+    )
+    assert page.locator("#col-full .pv").all_inner_texts() == ["0.023%", "50.0%"]
