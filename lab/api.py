@@ -74,7 +74,9 @@ def sampling_settings(body: dict) -> SamplingParams:
     rules scripts/sample.py applies)."""
     temperature = optional(body, "temperature", number, 0.8)
     max_tokens = optional(body, "max_tokens", integer, 200)
-    if max_tokens is None or not 1 <= max_tokens <= MAX_NEW_TOKENS:
+    if max_tokens is None:  # a cleared field: there is no "no limit" for the length of a sample
+        raise ValueError(f"max_tokens is empty; give 1 to {MAX_NEW_TOKENS}")
+    if not 1 <= max_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_tokens={max_tokens} is invalid; it must be 1 to {MAX_NEW_TOKENS}")
     seed = optional(body, "seed", integer, 1337)
     return SamplingParams(

@@ -159,6 +159,13 @@ def test_sampling_settings_are_checked_with_one_line_errors():
         api.sampling_settings({"seed": "x"})
 
 
+def test_an_emptied_max_tokens_field_is_named_as_empty_not_as_none():
+    """The page sends a cleared field as ""; the message said 'max_tokens=None is invalid', a Python word."""
+    for cleared in ("", None):
+        with pytest.raises(ValueError, match=r"^max_tokens is empty; give 1 to 2000$"):
+            api.sampling_settings({"max_tokens": cleared})
+
+
 def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
     status, body = post(url, "/api/sample", {"prompt": "the KING"})
     assert status == 400 and json.loads(body) == {
