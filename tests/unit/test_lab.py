@@ -93,7 +93,8 @@ def test_prompt_loss_is_the_mean_next_token_cross_entropy_with_and_without_gates
 
 def test_prompt_loss_and_top_tokens_check_their_input(session):
     model = session.model
-    with pytest.raises(ValueError, match="needs 2 to block_size=32"):
+    # one token, not '1 tokens'; and why a loss needs two
+    with pytest.raises(ValueError, match=r"^the prompt has 1 token; a loss on it needs 2 to block_size=32 "):
         prompt_loss(model, session.encode("a"))
     top = next_token_top(model, session.encode("the"), k=5)
     assert len(top) == 5 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
