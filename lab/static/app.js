@@ -76,17 +76,18 @@ function renderInfo(info) {
 let sampleAbort = null;
 
 async function runSample() {
-  const out = $("sample-output"), status = $("sample-status");
+  // The prompt as sent: the box may be edited while the answer streams in.
+  const out = $("sample-output"), status = $("sample-status"), text = prompt();
   const started = performance.now();
   sampleAbort = new AbortController();
   status.textContent = "sampling…";
   const response = await fetch("/api/sample", { method: "POST", signal: sampleAbort.signal,
-    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: prompt(), ...settings() }) });
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: text, ...settings() }) });
   if (!response.ok) throw new Error((await response.json()).error);
   $("sample-stop").disabled = false;
   out.innerHTML = "";
   const generated = el("span", { class: "gen-text" });
-  out.append(el("span", { class: "prompt-text", text: prompt() }), generated);
+  out.append(el("span", { class: "prompt-text", text }), generated);
   const reader = response.body.getReader(), decoder = new TextDecoder();
   let buffered = "", tokens = 0;
   try {

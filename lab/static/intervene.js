@@ -40,7 +40,7 @@ function offList() {
   return [...heads.off].map((k) => k.split(",").map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
 }
 
-function renderResult(column, result, reference) {
+function renderResult(column, result, reference, text) {
   const box = document.querySelector(`#${column} .result`);
   box.innerHTML = "";
   const loss = el("div", { class: "loss", "data-loss": result.loss === null ? "" : String(result.loss) });
@@ -56,7 +56,7 @@ function renderResult(column, result, reference) {
     bars.append(el("div", { class: "bar" }, el("span", { class: "tk", text: token_label(token) }),
       el("div", { class: "track" }, fill), el("span", { class: "pv", text: percent(p) })));
   }
-  const sample = el("pre", { class: "output" }, el("span", { class: "prompt-text", text: prompt() }),
+  const sample = el("pre", { class: "output" }, el("span", { class: "prompt-text", text }),
     el("span", { class: "gen-text", text: result.sample }));
   box.append(loss, bars, sample);
 }
@@ -69,10 +69,11 @@ function percent(p) { const v = 100 * p; return `${v >= 1 || v === 0 ? v.toFixed
 function token_label(text) { return text.replace(/ /g, "␣").replace(/\n/g, "\\n").replace(/\t/g, "\\t") || "∅"; }
 
 async function compare() {
-  const started = performance.now();
-  const data = await api("/api/intervene", { prompt: prompt(), heads_off: offList(), ...settings() });
-  renderResult("col-full", data.full, null);
-  renderResult("col-ablated", data.ablated, data.full);
+  // The prompt as sent: the box may be edited while the answer is computed.
+  const started = performance.now(), text = prompt();
+  const data = await api("/api/intervene", { prompt: text, heads_off: offList(), ...settings() });
+  renderResult("col-full", data.full, null, text);
+  renderResult("col-ablated", data.ablated, data.full, text);
   $("intervene-status").textContent = `${((performance.now() - started) / 1000).toFixed(2)} s`;
 }
 

@@ -253,6 +253,18 @@ def test_browser_back_and_forward_move_between_tabs_and_a_reload_keeps_the_tab(p
 def test_a_small_next_token_probability_is_shown_with_its_digits_not_as_zero(page):
     """An untrained or wide-vocabulary model's top 10 are each under 0.05%: every bar read '0.0%'."""
     page.evaluate(
-        "renderResult('col-full', {loss: 1.5, sample: '', top: [{token: 'a', p: 2.34e-4}, {token: 'b', p: 0.5}]}, null)"
+        "renderResult('col-full', {loss: 1.5, sample: '',"
+        " top: [{token: 'a', p: 2.34e-4}, {token: 'b', p: 0.5}]}, null, 'x')"
     )
     assert page.locator("#col-full .pv").all_inner_texts() == ["0.023%", "50.0%"]
+
+
+def test_a_prompt_edited_while_compare_runs_does_not_relabel_the_result(page):
+    """The samples were shown after the prompt read when the answer came, not the prompt they continue."""
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "300")
+    page.click("button[data-tab=intervene]")
+    page.click("#intervene-run")
+    fill_prompt(page, "edited meanwhile")
+    page.wait_for_selector("#col-ablated .output", timeout=30_000)
+    assert page.locator("#col-full .prompt-text").inner_text() == PROMPT
