@@ -74,7 +74,9 @@ def sampling_settings(body: dict) -> SamplingParams:
     rules scripts/sample.py applies)."""
     temperature = optional(body, "temperature", number, 0.8)
     max_tokens = optional(body, "max_tokens", integer, 200)
-    if max_tokens is None or not 1 <= max_tokens <= MAX_NEW_TOKENS:
+    if max_tokens is None:  # a cleared field: there is no "no limit" for the length of a sample
+        raise ValueError(f"max_tokens is empty; give 1 to {MAX_NEW_TOKENS}")
+    if not 1 <= max_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_tokens={max_tokens} is invalid; it must be 1 to {MAX_NEW_TOKENS}")
     seed = optional(body, "seed", integer, 1337)
     return SamplingParams(
@@ -86,16 +88,29 @@ def sampling_settings(body: dict) -> SamplingParams:
     )
 
 
+class LastDecode:
+    """A tokenizer that remembers how many ids it decoded last. stream_text decodes a piece's ids just before
+    it yields the piece, so that is the piece's token count: a BPE piece held back until its UTF-8 character
+    is whole holds several tokens, and counting pieces undercounted the sample."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.ids = tokenizer, 0
+
+    def decode(self, ids: list[int]) -> str:
+        self.ids = len(ids)
+        return self.tokenizer.decode(ids)
+
+
 def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
-    """Check the request now (so errors come back as JSON), then stream {"text": ...} records."""
+    """Check the request now (so errors come back as JSON), then stream {"text": ..., "tokens": n} records."""
     settings = sampling_settings(body)
     idx = session.encode(text(body, "prompt"))
 
     def records() -> Iterator[dict]:
         with session.lock:
-            ids = idx.tolist()
-            for piece in stream_text(session.model, session.tokenizer, ids, settings, session.device):
-                yield {"text": piece}
+            ids, counted = idx.tolist(), LastDecode(session.tokenizer)
+            for piece in stream_text(session.model, counted, ids, settings, session.device):
+                yield {"text": piece, "tokens": counted.ids}
 
     return {"prompt_tokens": int(idx.shape[0])}, records()
 

@@ -24,7 +24,12 @@ def gated(model: GPT, gates: Tensor | None) -> contextlib.AbstractContextManager
 def check_length(model: GPT, idx: Tensor, at_least: int = 1) -> None:
     T, block_size = idx.shape[0], model.config.block_size
     if not at_least <= T <= block_size:
-        raise ValueError(f"the prompt has {T} tokens; this needs {at_least} to block_size={block_size}")
+        # at_least 2 is a loss: every token but the first is predicted from those before it
+        what = "a loss on it needs" if at_least == 2 else "this needs"
+        why = " (a next token to predict); give a longer prompt" if T < at_least else ""
+        raise ValueError(
+            f"the prompt has {T} token{'' if T == 1 else 's'}; {what} {at_least} to block_size={block_size}{why}"
+        )
 
 
 @torch.no_grad()

@@ -44,7 +44,12 @@ async function guarded(button, status, action) {
 function prompt() { return $("prompt").value; }
 
 function settings() {
-  const value = (id) => $(id).value.trim();
+  const value = (id) => {
+    // A number field's text the browser cannot parse ("1e", "0.8.1") reads as "", which the API takes as
+    // no limit or temperature 0: refuse it here, naming the field, rather than sample with another setting.
+    if ($(id).validity.badInput) throw new Error(`${id} is not a number; give one such as ${$(id).defaultValue || 1}`);
+    return $(id).value.trim();
+  };
   return { temperature: value("temperature"), top_k: value("top_k"), top_p: value("top_p"),
     seed: value("seed"), max_tokens: value("max_tokens") };
 }
@@ -71,19 +76,20 @@ function renderInfo(info) {
 let sampleAbort = null;
 
 async function runSample() {
-  const out = $("sample-output"), status = $("sample-status");
+  // The prompt as sent: the box may be edited while the answer streams in.
+  const out = $("sample-output"), status = $("sample-status"), text = prompt();
   const started = performance.now();
   sampleAbort = new AbortController();
   status.textContent = "sampling…";
   const response = await fetch("/api/sample", { method: "POST", signal: sampleAbort.signal,
-    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: prompt(), ...settings() }) });
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: text, ...settings() }) });
   if (!response.ok) throw new Error((await response.json()).error);
   $("sample-stop").disabled = false;
   out.innerHTML = "";
   const generated = el("span", { class: "gen-text" });
-  out.append(el("span", { class: "prompt-text", text: prompt() }), generated);
+  out.append(el("span", { class: "prompt-text", text }), generated);
   const reader = response.body.getReader(), decoder = new TextDecoder();
-  let buffered = "", pieces = 0;
+  let buffered = "", tokens = 0;
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -94,10 +100,10 @@ async function runSample() {
       for (const line of lines.filter(Boolean)) {
         const record = JSON.parse(line);
         if (record.error) throw new Error(record.error);
-        if (record.text !== undefined) { generated.textContent += record.text; pieces += 1; }
+        if (record.text !== undefined) { generated.textContent += record.text; tokens += record.tokens; }
       }
       const seconds = (performance.now() - started) / 1000;
-      status.textContent = `${pieces} tokens · ${(pieces / seconds).toFixed(0)} tokens/s`;
+      status.textContent = `${tokens} tokens · ${(tokens / seconds).toFixed(0)} tokens/s`;
     }
     status.textContent += " · done";
   } catch (e) {
@@ -108,7 +114,19 @@ async function runSample() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
+  // The tab is the URL's #fragment, so Back and Forward move between tabs and a reload keeps the tab.
+  const tabOfUrl = () => {
+    const name = location.hash.slice(1);
+    return document.querySelector(`.tabs button[data-tab="${CSS.escape(name)}"]`) ? name : "sample";
+  };
+  for (const b of document.querySelectorAll(".tabs button")) {
+    b.addEventListener("click", () => {
+      if (tabOfUrl() !== b.dataset.tab) history.pushState(null, "", `#${b.dataset.tab}`);
+      showTab(b.dataset.tab);
+    });
+  }
+  window.addEventListener("popstate", () => showTab(tabOfUrl()));
+  showTab(tabOfUrl());
   $("message-close").addEventListener("click", clearMessage);
   $("sample-run").addEventListener("click", () => guarded($("sample-run"), $("sample-status"), runSample));
   $("sample-stop").addEventListener("click", () => sampleAbort && sampleAbort.abort());

@@ -194,11 +194,11 @@ function setQuery(q, pin) {
 function renderAll() { renderMaps(); renderStrips(); markRows(); }
 
 async function fetchAttention() {
-  const started = performance.now();
-  const data = await api("/api/attention", { prompt: prompt(), layer: $("attn-layer").value });
+  const started = performance.now(), text = prompt();  // as sent: the box may be edited meanwhile
+  const data = await api("/api/attention", { prompt: text, layer: $("attn-layer").value });
   data.weights = decodeWeights(data.weights);
   const T = data.shape[1];
-  attn.data = data; attn.prompt = prompt();
+  attn.data = data; attn.prompt = text;
   if (attn.pinned !== null && attn.pinned >= T) attn.pinned = null;
   attn.query = attn.pinned ?? T - 1;
   $("attn-status").textContent = `${T} tokens · layer ${data.layer} · ${((performance.now() - started) / 1000).toFixed(2)} s`;

@@ -40,7 +40,7 @@ function offList() {
   return [...heads.off].map((k) => k.split(",").map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
 }
 
-function renderResult(column, result, reference) {
+function renderResult(column, result, reference, text) {
   const box = document.querySelector(`#${column} .result`);
   box.innerHTML = "";
   const loss = el("div", { class: "loss", "data-loss": result.loss === null ? "" : String(result.loss) });
@@ -54,21 +54,26 @@ function renderResult(column, result, reference) {
     const fill = el("div", { class: "fill" });
     fill.style.width = `${(100 * p).toFixed(1)}%`;
     bars.append(el("div", { class: "bar" }, el("span", { class: "tk", text: token_label(token) }),
-      el("div", { class: "track" }, fill), el("span", { class: "pv", text: `${(100 * p).toFixed(1)}%` })));
+      el("div", { class: "track" }, fill), el("span", { class: "pv", text: percent(p) })));
   }
-  const sample = el("pre", { class: "output" }, el("span", { class: "prompt-text", text: prompt() }),
+  const sample = el("pre", { class: "output" }, el("span", { class: "prompt-text", text }),
     el("span", { class: "gen-text", text: result.sample }));
   box.append(loss, bars, sample);
 }
+
+// One decimal, or two significant digits under 1%: a wide vocabulary's top 10 may each be under 0.05%,
+// which one decimal showed as ten bars of 0.0%.
+function percent(p) { const v = 100 * p; return `${v >= 1 || v === 0 ? v.toFixed(1) : v.toPrecision(2)}%`; }
 
 // The same symbols as analysis.attention.token_label, so a space or newline is visible in a bar's label.
 function token_label(text) { return text.replace(/ /g, "␣").replace(/\n/g, "\\n").replace(/\t/g, "\\t") || "∅"; }
 
 async function compare() {
-  const started = performance.now();
-  const data = await api("/api/intervene", { prompt: prompt(), heads_off: offList(), ...settings() });
-  renderResult("col-full", data.full, null);
-  renderResult("col-ablated", data.ablated, data.full);
+  // The prompt as sent: the box may be edited while the answer is computed.
+  const started = performance.now(), text = prompt();
+  const data = await api("/api/intervene", { prompt: text, heads_off: offList(), ...settings() });
+  renderResult("col-full", data.full, null, text);
+  renderResult("col-ablated", data.ablated, data.full, text);
   $("intervene-status").textContent = `${((performance.now() - started) / 1000).toFixed(2)} s`;
 }
 

@@ -202,3 +202,69 @@ def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 0, "Ctrl-C stops the server cleanly"  # a loaded CI machine is slow
+
+
+def test_a_setting_the_browser_cannot_read_as_a_number_is_refused_not_sampled_greedily(page):
+    """A number field holding text it cannot parse ('1e') reads as "" in JavaScript, which the API takes as
+    temperature 0: the page sampled greedily and said 'done'. It now names the field instead."""
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "10")
+    page.click("#temperature", click_count=3)
+    page.keyboard.type("1e")
+    page.click("#sample-run")
+    message = page.wait_for_selector("#message:not([hidden])").inner_text()
+    assert "temperature" in message and "not a number" in message, message
+    assert "done" not in page.inner_text("#sample-status")
+
+
+def test_a_narrow_window_keeps_the_attention_map_readable_and_nothing_wider_than_the_page(page):
+    """At a phone's width the fixed 260 px legend column squeezed the maps to a sliver, and the Open and Runs
+    fields (300 and 480 px) made the page scroll sideways."""
+    page.set_viewport_size({"width": 375, "height": 800})
+    fill_prompt(page, PROMPT)
+    page.click("button[data-tab=attention]")
+    page.wait_for_selector("#attn-status:has-text('layer 0')", timeout=20_000)
+    assert page.locator("#attn-maps").bounding_box()["width"] > 250
+    for tab in ("sample", "attention", "intervene", "runs"):
+        page.click(f"button[data-tab={tab}]")
+        wide = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert wide <= 0, f"{tab}: the page is {wide} px wider than the window"
+
+
+def test_browser_back_and_forward_move_between_tabs_and_a_reload_keeps_the_tab(page):
+    """The tabs were not in the history: Back after switching tabs left the lab (to the previous site or a
+    blank page), and a reload always went back to Sample."""
+    shown = lambda: page.evaluate("document.body.dataset.tab")  # noqa: E731
+    page.click("button[data-tab=attention]")
+    page.click("button[data-tab=runs]")
+    page.go_back()
+    page.wait_for_function("document.body.dataset.tab === 'attention'")
+    assert page.locator("#tab-attention").is_visible() and page.locator("#tab-runs").is_hidden()
+    page.go_back()
+    page.wait_for_function("document.body.dataset.tab === 'sample'")
+    assert page.url.startswith("http://127.0.0.1"), "still on the lab"
+    page.go_forward()
+    page.wait_for_function("document.body.dataset.tab === 'attention'")
+    page.reload()
+    page.wait_for_selector("#model-info b")
+    assert shown() == "attention" and page.locator("#tab-attention").is_visible()
+
+
+def test_a_small_next_token_probability_is_shown_with_its_digits_not_as_zero(page):
+    """An untrained or wide-vocabulary model's top 10 are each under 0.05%: every bar read '0.0%'."""
+    page.evaluate(
+        "renderResult('col-full', {loss: 1.5, sample: '',"
+        " top: [{token: 'a', p: 2.34e-4}, {token: 'b', p: 0.5}]}, null, 'x')"
+    )
+    assert page.locator("#col-full .pv").all_inner_texts() == ["0.023%", "50.0%"]
+
+
+def test_a_prompt_edited_while_compare_runs_does_not_relabel_the_result(page):
+    """The samples were shown after the prompt read when the answer came, not the prompt they continue."""
+    fill_prompt(page, PROMPT)
+    page.fill("#max_tokens", "300")
+    page.click("button[data-tab=intervene]")
+    page.click("#intervene-run")
+    fill_prompt(page, "edited meanwhile")
+    page.wait_for_selector("#col-ablated .output", timeout=30_000)
+    assert page.locator("#col-full .prompt-text").inner_text() == PROMPT

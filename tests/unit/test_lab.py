@@ -93,7 +93,8 @@ def test_prompt_loss_is_the_mean_next_token_cross_entropy_with_and_without_gates
 
 def test_prompt_loss_and_top_tokens_check_their_input(session):
     model = session.model
-    with pytest.raises(ValueError, match="needs 2 to block_size=32"):
+    # one token, not '1 tokens'; and why a loss needs two
+    with pytest.raises(ValueError, match=r"^the prompt has 1 token; a loss on it needs 2 to block_size=32 "):
         prompt_loss(model, session.encode("a"))
     top = next_token_top(model, session.encode("the"), k=5)
     assert len(top) == 5 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
@@ -157,6 +158,13 @@ def test_sampling_settings_are_checked_with_one_line_errors():
         api.sampling_settings({"max_tokens": 99999})
     with pytest.raises(ValueError, match="seed='x' is not an integer"):
         api.sampling_settings({"seed": "x"})
+
+
+def test_an_emptied_max_tokens_field_is_named_as_empty_not_as_none():
+    """The page sends a cleared field as ""; the message said 'max_tokens=None is invalid', a Python word."""
+    for cleared in ("", None):
+        with pytest.raises(ValueError, match=r"^max_tokens is empty; give 1 to 2000$"):
+            api.sampling_settings({"max_tokens": cleared})
 
 
 def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
@@ -292,6 +300,31 @@ def test_streamed_sample_equals_generate_with_the_same_seed(session):
     generator = torch.Generator().manual_seed(3)
     out = session.model.generate(idx[None], 20, temperature=0.8, top_k=200, generator=generator)
     assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
+
+
+class HalfCharacters:
+    """The char tokenizer, but every 'e' is half a character (as a byte-level BPE token ending inside a UTF-8
+    character decodes to a trailing U+FFFD until the next token completes it)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids)
+        return text + "\ufffd" if text.endswith("e") else text
+
+
+def test_streamed_records_count_tokens_not_text_pieces(session, monkeypatch):
+    """A piece held back until its character is whole holds several tokens: the page counted pieces, so a
+    BPE sample of 20 tokens ended '18 tokens · done'. Each record now says how many tokens it holds."""
+    monkeypatch.setattr(session, "tokenizer", HalfCharacters(session.tokenizer))
+    _, records = api.sample(session, {"prompt": "the king", "max_tokens": 60, "seed": 3, "temperature": 2})
+    pieces = list(records)
+    assert len(pieces) < 60, "some pieces hold more than one token (the test's premise)"
+    assert sum(r["tokens"] for r in pieces) == 60
 
 
 def test_the_page_loads_nothing_from_outside():
