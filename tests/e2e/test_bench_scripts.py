@@ -131,3 +131,14 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("error: run directory ") and "holds no checkpoint" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args", [["--steps", "0"], ["--warmup", "-1"], ["--memory-sizes", "0"], ["--memory-precision", "fp64"]]
+)
+def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
+    # Defect: each was accepted; every row's worker then failed with a traceback (no median for empty data,
+    # model.block_size=0, precision='fp64') and the run went on to the end, exit 0.
+    done = subprocess.run([sys.executable, "scripts/bench_train.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
