@@ -281,12 +281,13 @@ def help_text(config_dir: Path) -> str:
 def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
     refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
-    own (their clocks would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory."""
+    own (their clocks would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory.
+    They log through train.py's own handler only: a Hydra one beside it would print each warning twice."""
     program, *args = argv
     multirun = [arg for arg in args if arg in ("-m", "--multirun")]
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:
         return argv
-    ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "stdout"}
+    ours = {"hydra.run.dir": ".", "hydra.output_subdir": "null", "hydra/job_logging": "none"}
     kept = [arg for arg in argv if override_key(arg) not in ours]
     return [*kept, *(f"{key}={value}" for key, value in ours.items())]

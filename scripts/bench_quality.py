@@ -46,6 +46,7 @@ from scripts.bench_train import load_config
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
 from training.fairness import measure_seconds_per_step
+from training.run_dir import find_checkpoint
 from training.run_files import SUMMARY
 from training.runtime import autocast, device_name, resolve_device, resolve_precision
 from training.trainer import Trainer
@@ -103,11 +104,11 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
 
 
 def score(run: Path) -> dict:
-    """The best checkpoint's loss on every token of its data's val split."""
-    model, ckpt = load_model(run / "checkpoints" / "best.safetensors")
+    """The loss of a checkpoint (a run directory: its best) on every token of its data's val split."""
+    model, ckpt = load_model(find_checkpoint(run))
     data = prepare(DataConfig(**ckpt.meta["config"]["data"]), progress=False)
     device = next(model.parameters()).device
-    ctx = autocast(device, resolve_precision(ckpt.meta["config"]["precision"], device))
+    ctx = autocast(device, resolve_precision(ckpt.meta["config"].get("precision", "auto"), device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
     bpb = bits_per_byte(loss, data.val_tokens, data.val_bytes)
     return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb}
@@ -168,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="train each recipe for the steps its measured speed buys in the budget, not for the budget itself",
     )
     parser.add_argument(
-        "--score", type=Path, metavar="RUN", help="only score RUN's best checkpoint on the full val split"
+        "--score",
+        type=Path,
+        metavar="RUN",
+        help="only score RUN's best checkpoint (or a checkpoint file) on the val split",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     return parser
@@ -178,7 +182,10 @@ def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     if args.score:
-        print(json.dumps(score(args.score)))
+        try:
+            print(json.dumps(score(args.score)))
+        except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
+            sys.exit(f"error: {e}")
         return
     if not args.budget > STARTUP_S:
         parser.error(f"--budget {args.budget} must exceed the {STARTUP_S} s reserved for start-up")

@@ -41,10 +41,12 @@ import torch
 from omegaconf import OmegaConf
 
 from cli.config import compose_configs
+from cli.schema_help import OneLineParser
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
+from scripts.bench_generate import at_least
 from training.config import TrainConfig
 from training.run_files import SUMMARY
 from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
@@ -307,12 +309,13 @@ def memory_table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per row (median reported)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (+2 for compiled rows)")
+    # Bad values are one `error:` line here, before any row is built (a worker's failure is a traceback).
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=at_least(1), default=8, help="timed steps per row (median reported)")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps first (+2 for compiled rows)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
-    parser.add_argument("--memory-sizes", type=int, nargs="*", default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--memory-precision", default="fp32")
+    parser.add_argument("--memory-sizes", type=at_least(1), nargs="*", default=[256, 512, 1024, 2048, 4096])
+    parser.add_argument("--memory-precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--dtypes", nargs="*", choices=("fp32", "bf16"), help="default: bf16 too where it is native")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, after --")

@@ -106,3 +106,39 @@ def test_bench_generate_refuses_a_bad_value_in_one_line_before_building_anything
         [sys.executable, "scripts/bench_generate.py", "--quick", *args], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 2 and done.stderr.splitlines() == [message] and done.stdout == ""
+
+
+def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one(tiny_run_overrides, tmp_path):
+    # Defect: --score RUN read RUN/checkpoints/best.safetensors only: a checkpoint file was read as
+    # FILE/checkpoints/best.safetensors, and a run without a best checkpoint gave a FileNotFoundError traceback.
+    from cli.config import to_train_config
+    from tests.helpers import compose_config
+    from training.trainer import train
+
+    cfg = to_train_config(compose_config([*tiny_run_overrides, "max_steps=2", "sample_tokens=0"]))
+    train(cfg)
+    best = Path(cfg.out_dir) / "checkpoints" / "best.safetensors"
+
+    def score(target: Path) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "scripts/bench_quality.py", "--score", str(target)]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    by_run, by_file = score(Path(cfg.out_dir)), score(best)
+    assert by_run.returncode == by_file.returncode == 0, by_file.stderr[-2000:]
+    assert by_run.stdout == by_file.stdout and '"val_bpb"' in by_file.stdout
+    (tmp_path / "empty run").mkdir()
+    refused = score(tmp_path / "empty run")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("error: run directory ") and "holds no checkpoint" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args", [["--steps", "0"], ["--warmup", "-1"], ["--memory-sizes", "0"], ["--memory-precision", "fp64"]]
+)
+def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
+    # Defect: each was accepted; every row's worker then failed with a traceback (no median for empty data,
+    # model.block_size=0, precision='fp64') and the run went on to the end, exit 0.
+    done = subprocess.run([sys.executable, "scripts/bench_train.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]

@@ -91,7 +91,21 @@ def test_other_ranks_give_hydra_no_run_directory_of_their_own():
     assert hydra_argv(argv, DistInfo(rank=0, world_size=2)) == argv
     other = hydra_argv(argv, DistInfo(rank=1, world_size=2))
     assert other[:2] == ["train.py", "max_steps=5"] and "hydra.run.dir=mine" not in other
-    assert {"hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"} <= set(other)
+    assert {"hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none"} <= set(other)
+
+
+def test_other_ranks_get_no_log_handler_from_hydra():
+    # Defect: ranks other than 0 ran with hydra/job_logging=stdout, a handler beside train.py's own, so each
+    # of their warnings (the 'stopped by SIGTERM ... continue with:' line) was printed twice, once on stdout.
+    from hydra import compose, initialize_config_dir
+
+    from cli.config import CONFIG_DIR, register_configs
+
+    register_configs()
+    overrides = hydra_argv(["train.py", "+debug=tiny"], DistInfo(rank=1, world_size=2))[1:]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        job_logging = compose("config", overrides, return_hydra_config=True).hydra.job_logging
+    assert not job_logging.get("handlers") and job_logging.get("root") is None
 
 
 def test_a_rank_cannot_be_pinned_to_one_gpu():

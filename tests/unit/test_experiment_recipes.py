@@ -60,3 +60,21 @@ def test_each_paper_has_a_cpu_and_a_gpu_recipe_with_its_report_command(paper, mo
     if mode == "iso_param":
         _, _, configs = sweep_points(f"{paper}_cpu")
         assert all(c.model.n_head * c.model.head_dim == c.model.d_model for c in configs)
+
+
+def test_the_iso_flop_budget_buys_the_default_model_the_steps_of_the_other_sweeps():
+    # Defect: 1.1e14 was "~600 steps of the default model" when that was d_model 256 at 32 x 256 tokens a
+    # step; of today's default (d_model 128, 24 x 64 tokens) it bought ~8,700, 14x the other sweeps' 600.
+    import dataclasses
+
+    from model import GPT
+    from training.fairness import steps_for_flops
+
+    recipe = ["+experiment=ablate_heads_iso_flop", "out_dir=x", "model.n_head=4", "model.d_k=null"]
+    cfg, default = to_train_config(compose_config(recipe)), to_train_config(compose_config(["out_dir=x"]))
+    assert cfg.model == dataclasses.replace(default.model, qk_norm=cfg.model.qk_norm)  # the default model
+    model = GPT(dataclasses.replace(cfg.model, vocab_size=cfg.data.bpe_vocab_size))
+    tokens_per_step = cfg.batch_size * cfg.model.block_size
+    steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
+    fixed = compose_config(["+experiment=ablate_heads_dk", "out_dir=x"]).max_steps
+    assert 0.9 * fixed <= steps <= 1.1 * fixed, steps
