@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from analysis.stats import fmt_interval, t_interval
+from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.prepare import prepare
+from scripts.bench_generate import at_least
 from scripts.bench_train import load_config
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
@@ -150,19 +152,23 @@ def print_table(rows: list[dict], reference: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=300.0, help="whole-process seconds per run")
     parser.add_argument(
         "--recipes",
-        nargs="*",
+        nargs="+",
         default=["default", "nanogpt_baby"],
         choices=sorted(RECIPES),
         help="default: the headline pair",
     )
-    parser.add_argument("--seeds", type=int, nargs="*", default=[1337])
-    parser.add_argument("--reference", default="nanogpt_baby", help="recipe the others are compared against")
+    parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[1337])
+    parser.add_argument(
+        "--reference", default="nanogpt_baby", choices=sorted(RECIPES), help="recipe the others are compared against"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, sharing the cores (2 cores: 1 thread each)")
+    parser.add_argument(
+        "--jobs", type=at_least(1), default=1, help="runs at once, sharing the cores (2 cores: 1 thread each)"
+    )
     parser.add_argument(
         "--equal-time-steps",
         action="store_true",
@@ -187,8 +193,8 @@ def main() -> None:
         except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
             sys.exit(f"error: {e}")
         return
-    if not args.budget > STARTUP_S:
-        parser.error(f"--budget {args.budget} must exceed the {STARTUP_S} s reserved for start-up")
+    if not STARTUP_S < args.budget < math.inf:  # NaN fails both
+        parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")
     cpu = device_name(torch.device("cpu"))
     print(
         f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "

@@ -142,3 +142,23 @@ def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
     done = subprocess.run([sys.executable, "scripts/bench_train.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--jobs", "0"], "--jobs: 0 is invalid; it must be an integer >= 1"),
+        (["--recipes"], "--recipes: expected at least one argument"),
+        (["--seeds"], "--seeds: expected at least one argument"),
+        (["--reference", "bogus"], "--reference: invalid choice: 'bogus'"),
+        (["--budget", "inf"], "--budget inf must be finite and exceed the 20 s"),
+    ],
+)
+def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, message):
+    # Defect: --jobs 0 was a ZeroDivisionError traceback, --recipes / --seeds with no value printed an empty
+    # table (exit 0), --reference bogus silently printed no paired differences, and --budget inf trained on
+    # until the first run refused it (a RuntimeError traceback).
+    done = subprocess.run([sys.executable, "scripts/bench_quality.py", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
+    assert message in done.stderr
