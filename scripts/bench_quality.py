@@ -195,6 +195,11 @@ def main() -> None:
         return
     if not STARTUP_S < args.budget < math.inf:  # NaN fails both
         parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")
+    for name in args.recipes:  # a bad override is refused now, not after the first runs' minutes
+        try:
+            load_config([*RECIPES[name], *args.overrides])
+        except ValueError as e:
+            parser.error(f"recipe {name}: {e}")
     cpu = device_name(torch.device("cpu"))
     print(
         f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "

@@ -38,9 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch
-from omegaconf import OmegaConf
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
-from cli.config import compose_configs
+from cli.config import compose_configs, composition_error, to_train_config
 from cli.schema_help import OneLineParser
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
@@ -54,7 +55,11 @@ from training.trainer import Trainer, train
 
 
 def load_config(overrides: list[str]) -> TrainConfig:
-    return OmegaConf.to_object(compose_configs(["out_dir=unused", "logger=none", *overrides]))
+    """configs/ composed with `overrides` and checked as train.py checks them; a refusal is one ValueError line."""
+    try:
+        return to_train_config(compose_configs(["out_dir=unused", "logger=none", *overrides]))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(composition_error(e)) from None
 
 
 def current_rss_bytes() -> int:
@@ -327,7 +332,10 @@ def main() -> None:
         else:
             print(json.dumps(loop_overhead(payload) if payload.get("loop_steps") else measure(payload)))
         return
-    device = resolve_device(load_config(args.overrides).device)
+    try:
+        device = resolve_device(load_config(args.overrides).device)
+    except ValueError as e:  # a bad override or device: a bad command line
+        parser.error(str(e))
     print(
         f"attnlab bench_train: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, device {device} "
         f"({device_name(device)}), {torch.get_num_threads()} threads"

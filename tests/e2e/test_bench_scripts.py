@@ -134,7 +134,15 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
 
 
 @pytest.mark.parametrize(
-    "args", [["--steps", "0"], ["--warmup", "-1"], ["--memory-sizes", "0"], ["--memory-precision", "fp64"]]
+    "args",
+    [
+        ["--steps", "0"],
+        ["--warmup", "-1"],
+        ["--memory-sizes", "0"],
+        ["--memory-precision", "fp64"],
+        ["--", "model=huge"],  # a Hydra traceback before: the configs were composed without train.py's checks
+        ["--", "model.nhead=3"],
+    ],
 )
 def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
     # Defect: each was accepted; every row's worker then failed with a traceback (no median for empty data,
@@ -152,6 +160,7 @@ def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
         (["--seeds"], "--seeds: expected at least one argument"),
         (["--reference", "bogus"], "--reference: invalid choice: 'bogus'"),
         (["--budget", "inf"], "--budget inf must be finite and exceed the 20 s"),
+        (["--", "model.nhead=3"], "recipe default: unknown config key model.nhead (did you mean model.n_head?)"),
     ],
 )
 def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, message):
