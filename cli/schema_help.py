@@ -17,6 +17,7 @@ import textwrap
 import tokenize
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from functools import cache
 from typing import NoReturn
@@ -149,3 +150,18 @@ class OneLineParser(argparse.ArgumentParser):
             message += f"; {self.unrecognized_hint}"
         sys.stderr.write(f"error: {message} (see --help)\n")
         sys.exit(2)
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else one `error:` line before any work is done."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; it must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is invalid; it must be an integer >= {low}")
+        return value
+
+    return parse

@@ -28,26 +28,11 @@ if __package__ in (None, ""):  # run as a file (python scripts/bench_generate.py
 
 import torch
 
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, at_least
 from model import GPT, GPTConfig
 
 PROMPT = 64
 BLOCK_SIZE = 2048
-
-
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= low, else one `error:` line before any model is built."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; it must be an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is invalid; it must be an integer >= {low}")
-        return value
-
-    return parse
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

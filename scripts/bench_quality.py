@@ -40,10 +40,9 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from analysis.stats import fmt_interval, t_interval
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, at_least
 from data.config import DataConfig
 from data.prepare import prepare
-from scripts.bench_generate import at_least
 from scripts.bench_train import load_config
 from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss

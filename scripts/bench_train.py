@@ -42,12 +42,11 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from cli.config import compose_configs, composition_error, to_train_config
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, at_least
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
 from model import GPT
 from model.hf_interop import to_hf_config
-from scripts.bench_generate import at_least
 from training.config import TrainConfig
 from training.run_files import SUMMARY
 from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
