@@ -76,7 +76,7 @@ def check_prompt(model: "GPT", idx: Tensor) -> None:
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"the prompt idx has shape {tuple(idx.shape)}; it must be (B, T) with T >= 1")
     vocab = model.config.vocab_size
-    for bad in (int(idx.min()), int(idx.max())):
+    for bad in torch.stack([idx.min(), idx.max()]).tolist():  # one read back
         if not 0 <= bad < vocab:
             raise ValueError(f"the prompt holds token id {bad}; ids must be in [0, {vocab})")
 

@@ -89,7 +89,7 @@ def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None
         return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
     data = prepare(DataConfig(**ckpt_meta["config"]["data"]), progress=False)
     prepared = data.tokenizer_meta
-    if json.dumps(prepared, sort_keys=True) != json.dumps(ckpt_meta["tokenizer"], sort_keys=True):
+    if prepared != ckpt_meta["tokenizer"]:  # both read from JSON: the rule training/resume.py applies
         # the same ids would mean other tokens: the numbers would be wrong, not an error
         raise ValueError(
             f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
