@@ -88,7 +88,7 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, dat
     check_same_model(saved["model"], cfg.model, where)
     now = asdict(cfg)
     changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != now[key]]
-    if ckpt.meta.get("data_fingerprint") != data.meta["fingerprint"]:
+    if ckpt.meta.get("data_fingerprint") != data.fingerprint:
         changed.append("data")
     if changed:
         log.warning("resuming with a different %s: the run continues, but not as the original would have", changed)

@@ -2,14 +2,18 @@
 time-budget schedule, and resume refusing any architecture change."""
 
 import copy
+import logging
 import math
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.helpers import tiny_trainer
 from training import fairness
-from training.resume import RESUMABLE_MODEL_FIELDS, check_same_model
+from training.resume import RESUMABLE_MODEL_FIELDS, check_compatible, check_same_model, checkpoint_meta
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,6 +111,18 @@ def test_resume_allows_only_the_commented_fields_to_change(tmp_path):
     trainer.cfg.model.dropout = 0.1
     check_same_model(saved, trainer.cfg.model, "checkpoint 'x'")
     assert RESUMABLE_MODEL_FIELDS == {"attn_backend", "dropout"}
+
+
+def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tmp_path, caplog):
+    trainer = tiny_trainer(tmp_path)
+    meta = checkpoint_meta(trainer.state, asdict(trainer.cfg), trainer.data, {}) | {"optim_param_groups": []}
+    ckpt = SimpleNamespace(meta=meta)  # check_compatible reads only the header
+    with caplog.at_level(logging.WARNING, logger="training.resume"):
+        check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
+        assert not caplog.records  # the same run continues as it would have
+        meta["data_fingerprint"], meta["config"]["seed"] = "another corpus", trainer.cfg.seed + 1
+        check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
+    assert "different ['seed', 'data']" in caplog.text
 
 
 def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
