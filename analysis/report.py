@@ -98,7 +98,13 @@ def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]
     """One line per cell: its paired difference from the reference in words."""
     out = []
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
-        if diff is not None:
+        if diff is not None and diff.n == 0:  # no mean of no differences: say why there is none
+            seeds = [", ".join(map(str, in_order(c.metric("val/loss")))) for c in (cell, reference)]
+            out.append(
+                f"- {cell.label()} vs {reference.label()}: no paired difference, they share no seed "
+                f"(seeds {seeds[0]} against {seeds[1]})."
+            )
+        elif diff is not None:
             out.append(f"- {cell.label()} vs {reference.label()}: val loss {diff.mean:+.4f} nats, {verdict(diff)}.")
     return out
 

@@ -307,3 +307,12 @@ def test_a_run_folder_named_with_a_bar_keeps_the_unfinished_table_whole(tmp_path
     assert f"| lr=0.01\\|s3 | 0.01 | 3 | {CRASHED} | 10 | — |" in report
     unfinished = report[report.index("1 of 7 runs") :]
     assert split_table(unfinished)["rows"] == [["lr=0.01|s3", "0.01", "3", CRASHED, "10", "—"]]
+
+
+def test_a_cell_with_no_seed_in_common_with_the_reference_has_no_nan_difference(tmp_path):
+    # two sweeps into one folder, each with a job refused: n_head=1 has seed 2 only, n_head=2 seed 1 only
+    for n_head, seed in ((1, 2), (2, 1)):
+        write_fake_run(tmp_path / "sweep" / f"h{n_head}", config(seed, f"out/{n_head}", n_head=n_head), 2.0 + n_head)
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert "nan" not in report.lower()
+    assert "- model.n_head=2 vs model.n_head=1: no paired difference, they share no seed (seeds 1 against 2)." in report
