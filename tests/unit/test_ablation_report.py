@@ -316,3 +316,14 @@ def test_a_cell_with_no_seed_in_common_with_the_reference_has_no_nan_difference(
     report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
     assert "nan" not in report.lower()
     assert "- model.n_head=2 vs model.n_head=1: no paired difference, they share no seed (seeds 1 against 2)." in report
+
+
+def test_a_folder_of_two_sweeps_counts_the_jobs_each_plan_never_started(tmp_path):
+    # multirun/ablate/<date>/ twice: the first sweep complete, the second killed after its first job
+    for day, seeds in (("day1", (0, 1)), ("day2", (2,))):
+        for seed in seeds:
+            write_fake_run(tmp_path / day / str(seed), config(seed, f"o{day}{seed}"), 2.0 + seed)
+        write_multirun_plan(tmp_path / day, "+debug=tiny", "seed=0,1" if day == "day1" else "seed=2,3")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "day2/multirun.yaml plans 2 jobs and 1 has a job directory: 1 never started" in report
+    assert "day1/multirun.yaml" not in report
