@@ -327,3 +327,11 @@ def test_a_folder_of_two_sweeps_counts_the_jobs_each_plan_never_started(tmp_path
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "day2/multirun.yaml plans 2 jobs and 1 has a job directory: 1 never started" in report
     assert "day1/multirun.yaml" not in report
+
+
+def test_a_paper_claim_between_cells_with_no_seed_in_common_shows_no_nan(tmp_path):
+    for n_head, seed in ((1, 2), (2, 1)):
+        write_fake_run(tmp_path / "sweep" / f"h{n_head}", config(seed, f"out/{n_head}", n_head=n_head), 2.0 + n_head)
+    report = write_report(tmp_path / "sweep", tmp_path / "out", paper="vaswani_a").read_text()
+    assert "nan" not in report.lower()
+    assert "| model.n_head=1 − model.n_head=2: — | cannot tell: 0 paired seed(s) |" in report
