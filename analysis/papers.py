@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 
 from analysis.report import cell_kv_bytes, matches
-from analysis.stats import paired_difference
+from analysis.stats import fmt_interval, paired_difference
 from analysis.sweep import Cell
 
 VASWANI_A = {1: 5.29, 4: 5.00, 8: 4.92, 16: 4.91, 32: 5.01}  # n_head -> dev PPL, d_k = d_v = 512 / n_head
@@ -44,7 +44,7 @@ def claim_row(claim: str, a: Cell | None, b: Cell | None, paper_sign: int) -> st
     if a is b:
         return f"| {claim} | — | not measured: the sweep has one completed cell, nothing to compare it with |"
     d = paired_difference(a.metric("val/loss"), b.metric("val/loss"))
-    ours = f"{a.label()} − {b.label()}: {d.mean:+.4f}" + (f" [{d.low:+.4f}, {d.high:+.4f}]" if d.n > 1 else "")
+    ours = f"{a.label()} − {b.label()}: {fmt_interval(d, signed=True)}"
     if d.n < 2:
         verdict = f"cannot tell: {d.n} paired seed(s)"
     elif not d.excludes_zero:

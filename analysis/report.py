@@ -98,29 +98,40 @@ def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]
     """One line per cell: its paired difference from the reference in words."""
     out = []
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
-        if diff is not None:
+        if diff is not None and diff.n == 0:  # no mean of no differences: say why there is none
+            seeds = [", ".join(map(str, in_order(c.metric("val/loss")))) for c in (cell, reference)]
+            out.append(
+                f"- {cell.label()} vs {reference.label()}: no paired difference, they share no seed "
+                f"(seeds {seeds[0]} against {seeds[1]})."
+            )
+        elif diff is not None:
             out.append(f"- {cell.label()} vs {reference.label()}: val loss {diff.mean:+.4f} nats, {verdict(diff)}.")
     return out
 
 
-def never_started(runs: list[Run], planned: int | None) -> list[str]:
-    """A sentence for the jobs the sweep's plan names that have no directory (a sweep stopped early)."""
-    if planned is None or planned <= len(runs):
-        return []
-    have = "has" if len(runs) == 1 else "have"
-    return [
-        f"multirun.yaml plans {planned} jobs and {len(runs)} {have} a job directory: {planned - len(runs)} "
-        "never started (the sweep was stopped, or is still running)."
-    ]
+def never_started(runs: list[Run], root: Path, plans: dict[Path, int] | None) -> list[str]:
+    """A sentence per sweep whose plan (`plans`: {folder: planned jobs}) names jobs that have no directory
+    under its folder (a sweep stopped early)."""
+    out = []
+    for folder, planned in (plans or {}).items():
+        have = sum(folder in r.path.parents or r.path == folder for r in runs)
+        if planned > have:
+            plan = fmt_value((folder / "multirun.yaml").relative_to(root))
+            verb = "has" if have == 1 else "have"
+            out.append(
+                f"{plan} plans {planned} jobs and {have} {verb} a job directory: {planned - have} "
+                "never started (the sweep was stopped, or is still running)."
+            )
+    return out
 
 
-def unfinished_table(runs: list[Run], root: Path, keys: list[str], planned: int | None = None) -> str:
-    """Every run not in the table, and the planned jobs that never started (`planned`: multirun.yaml's count)."""
+def unfinished_table(runs: list[Run], root: Path, keys: list[str], plans: dict[Path, int] | None = None) -> str:
+    """Every run not in the table, and the planned jobs that never started (`plans`: see `never_started`)."""
     bad = [r for r in runs if r.status != COMPLETED]
     if not bad:
-        return "\n\n".join([f"All {len(runs)} runs completed.", *never_started(runs, planned)])
+        return "\n\n".join([f"All {len(runs)} runs completed.", *never_started(runs, root, plans)])
     lines = [
-        *[line for sentence in never_started(runs, planned) for line in (sentence, "")],
+        *[line for sentence in never_started(runs, root, plans) for line in (sentence, "")],
         f"{len(bad)} of {len(runs)} runs did not complete with a finite val/loss (not in the table above):",
         "",
         "| run | " + " | ".join([*keys, "seed"]) + " | status | last logged step | error |",
@@ -141,10 +152,10 @@ def markdown_report(
     reference: Cell | None,
     plots: dict[str, str],
     paper: str = "",
-    planned: int | None = None,
+    plans: dict[Path, int] | None = None,
 ) -> str:
     """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section;
-    `planned` the jobs multirun.yaml plans (None: no plan read)."""
+    `plans` {sweep folder: jobs its multirun.yaml plans} (analysis.sweep.sweep_plans)."""
     keys = varying_keys(runs)  # the cells' keys, and still the sweep's where no cell completed
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
@@ -164,7 +175,7 @@ def markdown_report(
         *comparison_sentences(cells, reference),
         "",
         *([paper] if paper else []),
-        unfinished_table(runs, root, keys, planned),
+        unfinished_table(runs, root, keys, plans),
     ]
     for caption, path in plots.items():
         parts += ["", f"![{caption}]({path})"]

@@ -191,6 +191,13 @@ def planned_jobs(sweep_dir: Path) -> int | None:
         return None
 
 
+def sweep_plans(root: Path) -> dict[Path, int]:
+    """{sweep folder: jobs its multirun.yaml plans} for every readable plan at or under `root` (a folder may
+    hold several sweeps, e.g. multirun/ablate_heads_dk/ with one per date)."""
+    plans = {p.parent: planned_jobs(p.parent) for p in sorted(Path(root).rglob("multirun.yaml"))}
+    return {folder: n for folder, n in plans.items() if n is not None}
+
+
 def run_status(info: dict | None, summary: dict | None, final_loss: Any) -> str:
     if summary is not None and summary.get("status") == COMPLETED:
         if final_loss is None:

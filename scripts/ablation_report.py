@@ -24,7 +24,7 @@ from analysis.outputs import check_out_dir, check_replaceable
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
-from analysis.sweep import COMPLETED, find_runs, group_cells, planned_jobs, varying_keys
+from analysis.sweep import COMPLETED, find_runs, group_cells, sweep_plans, varying_keys
 from cli.schema_help import OneLineParser
 
 log = logging.getLogger("ablation_report")
@@ -89,7 +89,7 @@ def write_report(
             plot_loss_heatmap(cells, out_dir / HEATMAP)
         plot_val_curves(cells, runs, out_dir / CURVES)
     report = out_dir / REPORT
-    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, planned_jobs(sweep_dir)))
+    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, sweep_plans(sweep_dir)))
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report

@@ -1,7 +1,8 @@
 """What a head-count / d_k ablation holds fixed, so runs of different shapes compare fairly.
 
 fixed_d_model  d_model, depth and steps fixed; d_k is free (params and FLOPs grow with n_head * d_k)
-iso_param      d_k = d_model / n_head, so params and FLOPs/token are the same for every n_head (Vaswani et al.)
+iso_param      d_k = d_model / n_head, so params and FLOPs/token are the same for every n_head (Vaswani et al.);
+               the model has no weight sized by d_k alone (QK-norm off, n_kv_head = n_head)
 iso_flop       max_steps = flop_budget / (flops_per_token * tokens_per_step): equal training FLOPs
 iso_time       max_steps = time_budget_s / (median seconds of a throw-away copy's steps): equal wall-clock
 
@@ -64,6 +65,18 @@ class FairnessConfig:
                 raise ValueError(
                     f"model.d_k={model.d_k} conflicts with fairness.mode=iso_param, which ties d_k to "
                     f"d_model / n_head = {tied}; leave model.d_k unset or use fairness.mode=fixed_d_model"
+                )
+            # Weights with d_k or n_kv_head * d_k entries change size with n_head, so no count is held fixed.
+            if model.qk_norm:
+                raise ValueError(
+                    "fairness.mode=iso_param needs model.qk_norm=false: QK-norm's d_k gains a layer change the "
+                    "parameter count with n_head; set model.qk_norm=false or use fairness.mode=fixed_d_model"
+                )
+            if model.kv_heads != model.n_head:
+                raise ValueError(
+                    f"fairness.mode=iso_param needs model.n_kv_head unset (= n_head), not {model.n_kv_head} with "
+                    f"model.n_head={model.n_head}: the key and value projections, n_kv_head * d_k wide, would change "
+                    "the parameter count with n_head; use fairness.mode=fixed_d_model for GQA"
                 )
 
 

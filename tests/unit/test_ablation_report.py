@@ -307,3 +307,31 @@ def test_a_run_folder_named_with_a_bar_keeps_the_unfinished_table_whole(tmp_path
     assert f"| lr=0.01\\|s3 | 0.01 | 3 | {CRASHED} | 10 | — |" in report
     unfinished = report[report.index("1 of 7 runs") :]
     assert split_table(unfinished)["rows"] == [["lr=0.01|s3", "0.01", "3", CRASHED, "10", "—"]]
+
+
+def test_a_cell_with_no_seed_in_common_with_the_reference_has_no_nan_difference(tmp_path):
+    # two sweeps into one folder, each with a job refused: n_head=1 has seed 2 only, n_head=2 seed 1 only
+    for n_head, seed in ((1, 2), (2, 1)):
+        write_fake_run(tmp_path / "sweep" / f"h{n_head}", config(seed, f"out/{n_head}", n_head=n_head), 2.0 + n_head)
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert "nan" not in report.lower()
+    assert "- model.n_head=2 vs model.n_head=1: no paired difference, they share no seed (seeds 1 against 2)." in report
+
+
+def test_a_folder_of_two_sweeps_counts_the_jobs_each_plan_never_started(tmp_path):
+    # multirun/ablate/<date>/ twice: the first sweep complete, the second killed after its first job
+    for day, seeds in (("day1", (0, 1)), ("day2", (2,))):
+        for seed in seeds:
+            write_fake_run(tmp_path / day / str(seed), config(seed, f"o{day}{seed}"), 2.0 + seed)
+        write_multirun_plan(tmp_path / day, "+debug=tiny", "seed=0,1" if day == "day1" else "seed=2,3")
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "day2/multirun.yaml plans 2 jobs and 1 has a job directory: 1 never started" in report
+    assert "day1/multirun.yaml" not in report
+
+
+def test_a_paper_claim_between_cells_with_no_seed_in_common_shows_no_nan(tmp_path):
+    for n_head, seed in ((1, 2), (2, 1)):
+        write_fake_run(tmp_path / "sweep" / f"h{n_head}", config(seed, f"out/{n_head}", n_head=n_head), 2.0 + n_head)
+    report = write_report(tmp_path / "sweep", tmp_path / "out", paper="vaswani_a").read_text()
+    assert "nan" not in report.lower()
+    assert "| model.n_head=1 − model.n_head=2: — | cannot tell: 0 paired seed(s) |" in report
