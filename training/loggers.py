@@ -156,6 +156,7 @@ class Meter:
         )
         self.interval_start, self.interval_step = time.perf_counter(), self.step
         self.val_loss: float | None = None
+        self.postfix: dict[str, str | int] = {}
 
     def step_done(self, result: "StepResult", elapsed_s: float, last: bool) -> None:
         self.step = step = self.step + 1
@@ -173,13 +174,17 @@ class Meter:
         record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu(self.flops_per_token, tok_s, self.peak)}
         if self.logger:
             self.logger.log(record | {"time/elapsed_s": elapsed_s}, step)
-        postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
+        self.postfix = {"step": step, "loss": f"{result.loss:.3f}", "lr": f"{result.lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
+        self.show_postfix()
+
+    def show_postfix(self) -> None:
         if self.val_loss is not None:
-            postfix["val"] = f"{self.val_loss:.3f}"
-        self.bar.set_postfix(postfix, refresh=False)
+            self.postfix["val"] = f"{self.val_loss:.3f}"
+        self.bar.set_postfix(self.postfix, refresh=False)
 
     def eval_done(self, metrics: dict[str, float], elapsed_s: float) -> None:
         self.val_loss = metrics["val/loss"]
+        self.show_postfix()  # now, not at the next logged step: the bar never shows a stale evaluation
         if self.logger:
             self.logger.log({**metrics, "time/elapsed_s": elapsed_s}, self.step)
         self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput

@@ -188,3 +188,18 @@ def test_the_budget_bar_stays_on_its_budget_when_the_clock_passes_it(tmp_path):
         meter.step_done(StepResult(1.0, 1.0, 1e-3, True), elapsed_s=122.0, last=True)
         shown = str(meter.bar)
     assert "30/30 s" in shown and "100%" in shown, shown
+
+
+def test_the_bar_shows_an_evaluation_as_soon_as_it_is_done(tmp_path):
+    # Defect: the bar's val= was set only at the next logged step, so after "step 10: val loss 4.334"
+    # it still read the previous evaluation's 4.413 (and a run ended on a stale one).
+    from training.loggers import Meter
+    from training.trainer import StepResult
+
+    trainer = tiny_trainer(tmp_path, "log_interval=1", "progress=true")
+    with Meter(trainer, None) as meter:
+        meter.eval_done({"val/loss": 4.413}, elapsed_s=1.0)
+        meter.step_done(StepResult(4.5, 1.0, 1e-3, True), elapsed_s=2.0, last=False)
+        assert "val=4.413" in str(meter.bar)
+        meter.eval_done({"val/loss": 4.334}, elapsed_s=3.0)
+        assert "val=4.334" in str(meter.bar), str(meter.bar)
