@@ -145,6 +145,24 @@ class OneLineParser(argparse.ArgumentParser):
 
     unrecognized_hint = ""
 
+    def parse_known_args(self, args=None, namespace=None):
+        words = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.dashed(words), namespace)
+
+    def dashed(self, words: list[str]) -> list[str]:
+        """`--max_new_tokens=9` as `--max-new-tokens=9` (the README's promise for every tool), where
+        only the dashed flag exists; words after `--` stay as typed."""
+        out = []
+        for n, word in enumerate(words):
+            if word == "--":
+                return out + words[n:]
+            flag, eq, value = word.partition("=")
+            known = self._option_string_actions
+            if flag.startswith("--") and flag not in known and flag.replace("_", "-") in known:
+                word = flag.replace("_", "-") + eq + value
+            out.append(word)
+        return out
+
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments") and self.unrecognized_hint:
             message += f"; {self.unrecognized_hint}"

@@ -121,9 +121,9 @@ def bool_word(key: str, text: str) -> bool:
 
 def normalize_argv(argv: Iterable[str]) -> list[str]:
     """Map the spellings users try onto the flags: `key=value` (the Hydra style this script had),
-    `+key=value`, `--key_name`. Left alone: words after `--` (prompts that look like options), the word
-    after a flag that takes a value (`--prompt x=1` is that prompt), and an existing path (a run
-    directory named `lr=3`)."""
+    `+key=value` (OneLineParser maps `--key_name`). Left alone: words after `--` (prompts that look
+    like options), the word after a flag that takes a value (`--prompt x=1` is that prompt), and an
+    existing path (a run directory named `lr=3`)."""
     fields = {d.name: d for d in cli_fields()}
     out: list[str] = []
     words = list(argv)
@@ -133,10 +133,6 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
             break
         if n > 0 and takes_value(words[n - 1], fields):
             out.append(word)
-            continue
-        if word.startswith("--") and "_" in word.split("=")[0]:
-            key, eq, value = word.partition("=")
-            out.append(key.replace("_", "-") + eq + value)
             continue
         match = re.fullmatch(r"\+?([A-Za-z_][A-Za-z0-9_]*)=(.*)", word, flags=re.DOTALL)
         if not match:

@@ -27,3 +27,20 @@ def test_the_placeholder_rule_catches_a_bare_name_and_not_prose():
     assert PLACEHOLDER.fullmatch("STUDY_RESULTS")
     assert not PLACEHOLDER.fullmatch("README")
     assert not PLACEHOLDER.fullmatch("See STUDY_RESULTS below.")
+
+
+def test_every_tools_parser_takes_the_readmes_underscore_spelling_of_a_flag():
+    """README, Conventions: `--max-new-tokens 9` and `--max_new_tokens=9` both work, in every tool of
+    scripts/ (they all parse with OneLineParser), not only in sample.py."""
+    from cli.schema_help import OneLineParser
+
+    parser = OneLineParser()
+    parser.add_argument("--cache-dir", default="")
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("prompt", nargs="?")
+    assert parser.parse_args(["--cache_dir=a_b"]).cache_dir == "a_b"
+    assert parser.parse_args(["--cache_dir", "x", "--force"]).force
+    assert parser.parse_args(["--", "--cache_dir"]).prompt == "--cache_dir"  # after `--`: a word, as typed
+    sub = OneLineParser().add_subparsers(dest="cmd")
+    sub.add_parser("export").add_argument("--out-dir")
+    assert sub._name_parser_map["export"].parse_args(["--out_dir=d"]).out_dir == "d"
