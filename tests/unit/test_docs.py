@@ -44,3 +44,28 @@ def test_every_tools_parser_takes_the_readmes_underscore_spelling_of_a_flag():
     sub = OneLineParser().add_subparsers(dest="cmd")
     sub.add_parser("export").add_argument("--out-dir")
     assert sub._name_parser_map["export"].parse_args(["--out_dir=d"]).out_dir == "d"
+
+
+def test_the_readmes_layout_names_every_module_and_folder():
+    """README's Layout section lists each code file of the core packages and each top-level folder."""
+    layout = re.search(r"## Layout\n\n```\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL).group(1)
+    words = set(re.findall(r"[\w.]+", layout))
+    folders = [p.name for p in ROOT.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.name == "configs"]
+    modules = [p.name for d in ("model", "data", "training", "cli") for p in (ROOT / d).glob("*.py")]
+    tests = [p.name for p in (ROOT / "tests").glob("*.py") if p.name != "__init__.py"]
+    scripts = [p.name for p in (ROOT / "scripts").glob("*.py") if not p.name.startswith(("bench_", "__"))]
+    missing = [f for f in folders if f"{f}/" not in layout]
+    missing += [m for m in modules + tests + scripts if m != "__init__.py" and m not in words]
+    assert missing == []
+
+
+def test_the_readmes_closing_plots_line_is_what_a_run_prints(tmp_path, monkeypatch):
+    """The README's sample of a run's last lines: its `plots:` line is the one closing_lines writes."""
+    from cli.train_output import closing_lines
+
+    run = Path("outputs/2026-12-01/20-43-56")
+    (tmp_path / run).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    printed = [line for line in closing_lines(run, {}, []).splitlines() if line.startswith("  plots:")]
+    shown = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(f"  plots:    {run}")]
+    assert shown == printed
