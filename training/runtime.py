@@ -64,6 +64,18 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32"
 
 
+def check_precision_runs(precision: str, device: torch.device) -> None:
+    """Refuse fp16 on a CPU: it has no fp16 matmul kernels, so a step (and the MFU probe) would take
+    minutes where fp32 takes milliseconds, with nothing to say why. A bare Trainer still allows it, so
+    the loss-scaler logic can be tested on a CPU."""
+    if precision == "fp16" and device.type == "cpu":
+        best = "bf16" if cpu_supports_bf16() else "fp32"
+        raise ValueError(
+            f"precision=fp16 has no fast kernels on a CPU (a step takes ~100x fp32's); use precision=auto "
+            f"({best} on this CPU), bf16 or fp32. fp16 is for GPUs without bf16"
+        )
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed-precision context: matmuls in bf16/fp16, reductions and weights stay fp32."""
     if precision == "fp32":

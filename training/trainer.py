@@ -31,7 +31,7 @@ from training.optim import build_optimizer, lr_at, set_lr
 from training.resume import RunState, checkpoint_meta, restore
 from training.run_dir import CheckpointDir, RunLock, trim_metrics
 from training.run_files import METRICS
-from training.runtime import autocast, compile_or_eager, resolve_device, resolve_precision
+from training.runtime import autocast, check_precision_runs, compile_or_eager, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,7 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     take_data_vocab(cfg, data)  # before the memory check, which sizes the embedding
     prompt_ids = guards.check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
     guards.check_fits_in_memory(cfg.model, device)
+    check_precision_runs(cfg.precision, device)
     trainer = Trainer(cfg, data, device, dist)
     trainer.sample_prompt_ids = prompt_ids
     resumed = trainer.restore(resume_path) if resume_path is not None else None
