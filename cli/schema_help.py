@@ -152,12 +152,11 @@ class OneLineParser(argparse.ArgumentParser):
     def dashed(self, words: list[str]) -> list[str]:
         """`--max_new_tokens=9` as `--max-new-tokens=9` (the README's promise for every tool), where
         only the dashed flag exists; words after `--` stay as typed."""
-        out = []
+        out, known = [], self._option_string_actions
         for n, word in enumerate(words):
             if word == "--":
                 return out + words[n:]
             flag, eq, value = word.partition("=")
-            known = self._option_string_actions
             if flag.startswith("--") and flag not in known and flag.replace("_", "-") in known:
                 word = flag.replace("_", "-") + eq + value
             out.append(word)

@@ -69,10 +69,9 @@ def check_precision_runs(precision: str, device: torch.device) -> None:
     minutes where fp32 takes milliseconds, with nothing to say why. A bare Trainer still allows it, so
     the loss-scaler logic can be tested on a CPU."""
     if precision == "fp16" and device.type == "cpu":
-        best = "bf16" if cpu_supports_bf16() else "fp32"
         raise ValueError(
             f"precision=fp16 has no fast kernels on a CPU (a step takes ~100x fp32's); use precision=auto "
-            f"({best} on this CPU), bf16 or fp32. fp16 is for GPUs without bf16"
+            f"({resolve_precision('auto', device)} on this CPU), bf16 or fp32. fp16 is for GPUs without bf16"
         )
 
 

@@ -301,6 +301,7 @@ def take_data_vocab(cfg: TrainConfig, data: PreparedData) -> None:
 
 def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trainer, ckpt_io.Checkpoint | None]:
     """Every check, the data, the model and its resumed state; writes nothing into out_dir."""
+    check_precision_runs(cfg.precision, device)  # needs only the device: before the data, which can take minutes
     checkpoints = CheckpointDir(Path(cfg.out_dir) / "checkpoints", cfg.keep_last)
     resume_path = checkpoints.resume_path(cfg.resume, cfg.overwrite)
     distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
@@ -309,7 +310,6 @@ def set_up(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> tuple[Trai
     take_data_vocab(cfg, data)  # before the memory check, which sizes the embedding
     prompt_ids = guards.check_prompt(data, cfg.sample_prompt, cfg.sample_tokens)
     guards.check_fits_in_memory(cfg.model, device)
-    check_precision_runs(cfg.precision, device)
     trainer = Trainer(cfg, data, device, dist)
     trainer.sample_prompt_ids = prompt_ids
     resumed = trainer.restore(resume_path) if resume_path is not None else None
