@@ -2,14 +2,18 @@
 TrainConfig (refusing keys no field reads), and a config Hydra cannot compose said in one line.
 training/ itself never imports Hydra."""
 
+import contextlib
 import dataclasses
 import difflib
+import re
+import shlex
 import typing
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import OverrideParseException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -75,15 +79,35 @@ def composition_error(e: Exception) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if isinstance(e, OverrideParseException):  # the grammar's complaint, without its link
         key, _, value = e.override.partition("=")
-        # a string with a character the grammar does not take bare (non-ASCII, brackets); not a broken list
-        quotable = value and value[0] not in "[{'\"" and "'" not in value
-        hint = f"; put the value in Hydra's quotes: \"{key}='{value}'\"" if quotable else ""
+        # a string with a character the grammar does not take bare (non-ASCII, brackets, a quote); not a
+        # broken list or quoted string
+        quotable = value and value[0] not in "[{'\""
+        hint = f"; put the value in Hydra's quotes: {shell_quote(f'{key}={hydra_value(value)}')}" if quotable else ""
         return f"cannot parse override {e.override!r}: {lines[0]}{hint}"
     if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
         return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
     if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option
         return f"{lines[0]}; {lines[1].lower()} {', '.join(group_options(str(e)))}"
     return " ".join(lines)
+
+
+def hydra_value(text: str) -> str:
+    """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
+    Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""
+    with contextlib.suppress(HydraException):
+        if OverridesParser.create().parse_override(f"key={text}").value() == text:
+            return text
+    # Inside Hydra's quotes only a quote, and the backslashes before one or before the closing quote, escape.
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
+
+
+def shell_quote(arg: str) -> str:
+    """shlex.quote, but an argument holding Hydra's single quotes (sample_prompt='a, b', 'it\\'s') in
+    double quotes, as a person types it, where nothing in it is special inside double quotes (there a
+    backslash escapes only another, a quote, $ or `, so Hydra's \\' passes as typed)."""
+    if "'" in arg and not set(arg) & set('"$`!') and not re.search(r"\\(\\|$)", arg):
+        return f'"{arg}"'
+    return shlex.quote(arg)
 
 
 def group_options(message: str) -> list[str]:

@@ -3,11 +3,9 @@ header, log lines that never glue onto the progress bar), the closing lines that
 and how to sample from it or continue it, and the sweep's closing hint.
 """
 
-import contextlib
 import json
 import logging
 import os
-import re
 import shlex
 import sys
 import time
@@ -16,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import safetensors
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from cli.config import hydra_value, shell_quote
 from training.config import TrainConfig
 from training.distributed import DistInfo
 from training.run_dir import BEST, CheckpointDir, RunDirInUse, find_checkpoint
@@ -132,24 +129,6 @@ def run_dir_itself(out_dir: Path) -> Path:
         return out_dir
     target = out_dir.resolve()
     return target if out_dir.is_absolute() else Path(os.path.relpath(target))
-
-
-def hydra_value(text: str) -> str:
-    """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
-    Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""
-    with contextlib.suppress(HydraException):
-        if OverridesParser.create().parse_override(f"key={text}").value() == text:
-            return text
-    # Inside Hydra's quotes only a quote, and the backslashes before one or before the closing quote, escape.
-    return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
-
-
-def shell_quote(arg: str) -> str:
-    """shlex.quote, but an argument holding Hydra's single quotes (sample_prompt='a, b') in double
-    quotes, as a person types it, where nothing in it is special inside double quotes."""
-    if "'" in arg and not set(arg) & set('"$`\\!'):
-        return f'"{arg}"'
-    return shlex.quote(arg)
 
 
 def nothing_to_resume(out_dir: Path, overrides: Sequence[str]) -> ValueError:
