@@ -9,6 +9,7 @@ biases, which computes the same function.
 `transformers` is an optional dependency: it is imported only when a conversion runs.
 """
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -44,27 +45,29 @@ def weight_map(n_layer: int) -> Iterator[tuple[str, str, bool]]:
 
 
 def check_gpt2_compatible(config: GPTConfig) -> None:
-    """Raise ValueError naming the first setting GPT2LMHeadModel cannot represent."""
-    if config.pos_encoding != "learned":
-        raise ValueError(
-            f"model.pos_encoding={config.pos_encoding!r} cannot be exported to GPT-2, which has learned positions"
+    """Raise ValueError naming every setting GPT2LMHeadModel cannot represent, and the overrides that
+    train a model it can (all at once: a user fixing them one at a time would retrain once each)."""
+    gpt2 = {"pos_encoding": "learned", "n_kv_head": None, "qk_norm": False, "activation": "gelu_tanh"}
+    gpt2 |= {"norm": "layernorm", "tie_embeddings": True, "logit_softcap": None, "d_k": None}
+    why = {"pos_encoding": "learned positions", "n_kv_head": f"one key/value head per query head ({config.n_head})"}
+    why |= {"qk_norm": "no QK-norm", "d_k": f"heads of d_model / n_head = {config.d_model / config.n_head:g} dims"}
+    wrong = {name: want for name, want in gpt2.items() if getattr(config, name) != want}
+    if config.kv_heads == config.n_head:  # n_kv_head / d_k set to what GPT-2 has anyway
+        wrong.pop("n_kv_head", None)
+    if config.head_dim * config.n_head == config.d_model:
+        wrong.pop("d_k", None)
+    if wrong:
+        found = ", ".join(
+            f"model.{name}={hydra_text(getattr(config, name))} (GPT-2 has {why.get(name, hydra_text(want))})"
+            for name, want in wrong.items()
         )
-    if config.kv_heads != config.n_head:
-        raise ValueError(
-            f"model.n_kv_head ({config.n_kv_head}) cannot be exported to GPT-2, which has one key/value head "
-            f"per query head ({config.n_head})"
-        )
-    if config.qk_norm:
-        raise ValueError("model.qk_norm=true cannot be exported to GPT-2, which has no QK-norm")
-    gpt2_knobs = {"activation": "gelu_tanh", "norm": "layernorm", "tie_embeddings": True, "logit_softcap": None}
-    for name, gpt2 in gpt2_knobs.items():
-        if getattr(config, name) != gpt2:
-            raise ValueError(f"model.{name}={getattr(config, name)!r} cannot be exported to GPT-2, which has {gpt2!r}")
-    if config.head_dim * config.n_head != config.d_model:
-        raise ValueError(
-            f"model.d_k ({config.head_dim}) cannot be exported to GPT-2, whose heads have "
-            f"d_model / n_head = {config.d_model / config.n_head:g} dims"
-        )
+        fix = " ".join(f"model.{name}={hydra_text(want)}" for name, want in wrong.items())
+        raise ValueError(f"the model cannot be exported to GPT-2: {found}; a model that exports trains with {fix}")
+
+
+def hydra_text(value: object) -> str:
+    """A config value as an override writes it: true, null, rope."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
 def to_hf_config(config: GPTConfig, eos_token_id: int | None = None) -> "GPT2Config":

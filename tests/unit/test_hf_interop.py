@@ -9,7 +9,7 @@ import pickle
 import re
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -112,17 +112,38 @@ def test_round_trip_through_hf_is_exact():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        ({"pos_encoding": "rope"}, r"model.pos_encoding='rope' cannot be exported to GPT-2"),
-        ({"pos_encoding": "sinusoidal"}, r"model.pos_encoding='sinusoidal' cannot be exported"),
-        ({"n_kv_head": 2}, r"model.n_kv_head \(2\) cannot be exported to GPT-2"),
-        ({"qk_norm": True}, r"model.qk_norm=true cannot be exported to GPT-2"),
-        ({"d_k": 16}, r"model.d_k \(16\) cannot be exported to GPT-2, whose heads have d_model / n_head = 12 dims"),
+        (
+            {"pos_encoding": "rope"},
+            r"pos_encoding=rope \(GPT-2 has learned positions\);.* model.pos_encoding=learned$",
+        ),
+        ({"pos_encoding": "sinusoidal"}, r"model.pos_encoding=sinusoidal \(GPT-2 has learned positions\)"),
+        (
+            {"n_kv_head": 2},
+            r"n_kv_head=2 \(GPT-2 has one key/value head per query head \(4\)\);.*=null$",
+        ),
+        ({"qk_norm": True}, r"model.qk_norm=true \(GPT-2 has no QK-norm\);.* model.qk_norm=false$"),
+        ({"d_k": 16}, r"model.d_k=16 \(GPT-2 has heads of d_model / n_head = 12 dims\);.* model.d_k=null$"),
+        ({"norm": "rmsnorm"}, r"model.norm=rmsnorm \(GPT-2 has layernorm\)"),
     ],
 )
 def test_export_refuses_what_gpt2_cannot_hold(overrides, message):
     cfg = GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=48, **overrides)
     with pytest.raises(ValueError, match=message):
         check_gpt2_compatible(cfg)
+
+
+def test_export_names_every_setting_gpt2_lacks_at_once():
+    # Defect: the default model (RoPE and QK-norm) was refused for its positions alone; retrained with
+    # learned positions, it was then refused for QK-norm: two retrainings to learn one answer.
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=48, pos_encoding="rope", qk_norm=True)
+    with pytest.raises(ValueError) as e:
+        check_gpt2_compatible(cfg)
+    assert str(e.value) == (
+        "the model cannot be exported to GPT-2: model.pos_encoding=rope (GPT-2 has learned positions), "
+        "model.qk_norm=true (GPT-2 has no QK-norm); a model that exports trains with model.pos_encoding=learned "
+        "model.qk_norm=false"
+    )
+    check_gpt2_compatible(replace(cfg, pos_encoding="learned", qk_norm=False, d_k=12, n_kv_head=4))  # GPT-2's own
 
 
 @pytest.mark.parametrize(
@@ -177,7 +198,7 @@ def test_convert_script_errors_are_one_line(tmp_path):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, d_model=16, pos_encoding="rope")
     ckpt = save_checkpoint(tmp_path / "rope.safetensors", GPT(cfg), None, {"config": {"model": asdict(cfg)}})
-    with pytest.raises(SystemExit, match=r"^error: model.pos_encoding='rope' cannot be exported to GPT-2"):
+    with pytest.raises(SystemExit, match=r"^error: the model cannot be exported to GPT-2: model.pos_encoding=rope "):
         convert_main(["export", str(ckpt), str(tmp_path / "out")])
     with pytest.raises(SystemExit, match=r"^error: '.*nowhere' is not a Hugging Face model directory"):
         convert_main(["import", str(tmp_path / "nowhere"), str(tmp_path / "x.safetensors")])
@@ -192,7 +213,8 @@ def test_convert_script_errors_are_one_line(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: model.pos_encoding='rope' cannot be exported to GPT-2, which has learned positions"
+        "error: the model cannot be exported to GPT-2: model.pos_encoding=rope (GPT-2 has learned positions); "
+        "a model that exports trains with model.pos_encoding=learned"
     ]
 
 

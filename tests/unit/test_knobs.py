@@ -145,10 +145,10 @@ def test_unknown_and_known_choices(name, value):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        ({"activation": "relu2"}, r"model.activation='relu2' cannot be exported to GPT-2, which has 'gelu_tanh'"),
-        ({"norm": "rmsnorm"}, r"model.norm='rmsnorm' cannot be exported to GPT-2, which has 'layernorm'"),
-        ({"tie_embeddings": False}, r"model.tie_embeddings=False cannot be exported to GPT-2, which has True"),
-        ({"logit_softcap": 30.0}, r"model.logit_softcap=30.0 cannot be exported to GPT-2, which has None"),
+        ({"activation": "relu2"}, r"model.activation=relu2 \(GPT-2 has gelu_tanh\)"),
+        ({"norm": "rmsnorm"}, r"model.norm=rmsnorm \(GPT-2 has layernorm\)"),
+        ({"tie_embeddings": False}, r"model.tie_embeddings=false \(GPT-2 has true\)"),
+        ({"logit_softcap": 30.0}, r"model.logit_softcap=30.0 \(GPT-2 has null\)"),
     ],
 )
 def test_gpt2_export_refuses_what_gpt2_cannot_express(overrides, message):
