@@ -9,6 +9,7 @@ model's own forward: that is what proves the walk is the model.
 import torch
 from torch import Tensor
 
+from data.tokenizer import Tokenizer
 from model import GPT
 from model.attention import attention_weights, build_causal_mask
 
@@ -35,6 +36,12 @@ def attention_maps(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     logits = model.lm_head(model.ln_f(x))[0]  # (T, vocab)
     model.train(was_training)
     return torch.stack(maps), logits
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token's text; bytes that are only part of a character (byte-level BPE splits a rare "ï" or
+    "—" into several tokens) written as escapes, \\xc3, rather than each drawn as the same "\ufffd"."""
+    return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
 def token_label(text: str) -> str:

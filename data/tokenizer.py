@@ -45,6 +45,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level BPE token may hold part of a character only."""
+        return self.decode([token_id]).encode()
+
 
 class CharTokenizer(Tokenizer):
     """One id per character of `chars` (sorted), then the EOT id = len(chars)."""
@@ -97,6 +101,9 @@ class GPT2Tokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoding.decode(list(ids))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(token_id)
 
     def to_meta(self) -> dict:
         return {"name": self.name}
@@ -151,8 +158,25 @@ class BPETokenizer(Tokenizer):
             raise ValueError(f"token id {bad[0]} is outside the bpe vocabulary [0, {self.vocab_size})")
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        self.decode([token_id])  # refuses an id outside the vocabulary
+        if token_id == self.eot_id:
+            return EOT_TEXT.encode()
+        return bytes(BYTE_OF_SYMBOL[symbol] for symbol in self._tok.id_to_token(token_id))
+
     def to_meta(self) -> dict:
         return {"name": self.name, "spec": self.spec}
+
+
+def byte_level_symbols() -> dict[str, int]:
+    """The byte-level pre-tokenizer's alphabet (GPT-2's): each byte drawn as one printable character,
+    itself where it is printable, else the next unused code point from 256 up; symbol -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_OF_SYMBOL = byte_level_symbols()
 
 
 def gpt2_encoding_from_file(path: Path) -> tiktoken.Encoding:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from analysis.attention import token_label
+from analysis.attention import token_label, token_text
 from analysis.head_mask import gates_without
 from lab import runs
 from lab.measures import attention_layer, float32_base64, gated, next_token_top, prompt_loss
@@ -140,7 +140,7 @@ def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, 
     """Loss on the prompt, top-10 next tokens and a sample, with the given gates (None = full model)."""
     model, tokenizer = session.model, session.tokenizer
     loss = prompt_loss(model, idx, gates) if idx.shape[0] >= 2 else None
-    top = [{"token": tokenizer.decode([i]), "p": p} for i, p in next_token_top(model, idx, 10, gates)]
+    top = [{"token": token_text(tokenizer, i), "p": p} for i, p in next_token_top(model, idx, 10, gates)]
     with gated(model, gates):
         text = "".join(stream_text(model, tokenizer, idx.tolist(), settings, session.device))
     return {"loss": loss, "top": top, "sample": text}

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from analysis.attention import token_text
 from data import Tokenizer, tokenizer_from_meta
 from model import GPT
 from model.generate import encode_prompt
@@ -60,7 +61,7 @@ class LabSession:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
     def token_texts(self, idx: torch.Tensor) -> list[str]:
-        return [self.tokenizer.decode([int(i)]) for i in idx]
+        return [token_text(self.tokenizer, int(i)) for i in idx]
 
     def info(self) -> dict[str, Any]:
         c = self.model.config

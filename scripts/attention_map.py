@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.attention import attention_maps, token_label
+from analysis.attention import attention_maps, token_label, token_text
 from analysis.outputs import check_replaceable
 from analysis.run_plots import image_path
 from cli.schema_help import OneLineParser
@@ -83,7 +83,7 @@ def write_attention_map(
         log.warning("prompt has %d tokens; keeping the last block_size=%d", len(ids), block_size)
         ids = ids[-block_size:]
     maps, _ = attention_maps(model, torch.tensor(ids))
-    labels = [token_label(tokenizer.decode([i])) for i in ids]
+    labels = [token_label(token_text(tokenizer, i)) for i in ids]
     c = model.config
     shape = f"n_layer={c.n_layer}, n_head={c.n_head}, d_k={c.head_dim}"
     title = f"{Path(checkpoint).name} (step {ckpt.meta.get('step')}): {shape}, prompt {prompt!r}"

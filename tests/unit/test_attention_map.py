@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.attention import attention_maps, token_label
-from data.tokenizer import CharTokenizer
+from analysis.attention import attention_maps, token_label, token_text
+from data.tokenizer import BPETokenizer, CharTokenizer
 from model import GPT, GPTConfig
 from scripts.attention_map import write_attention_map
 from tests.variants import VARIANT_HEADS, VARIANTS
@@ -86,6 +86,15 @@ def test_bad_sequences_are_refused():
 
 def test_token_labels_make_whitespace_visible():
     assert [token_label(t) for t in ("a", " ", "\n", "\t", "")] == ["a", "␣", "\\n", "\\t", "∅"]
+
+
+def test_a_token_holding_part_of_a_character_is_labelled_by_its_bytes():
+    # Defect: "naïve" under a byte-level BPE that never merged "ï" was labelled n, a, \ufffd, \ufffd, ve.
+    bpe = BPETokenizer.learn(["the naive king\n"] * 20, vocab_size=270)
+    ids = bpe.encode("naïve")
+    texts = [token_text(bpe, i) for i in ids]
+    assert "\\xc3" in texts and "\\xaf" in texts and "\ufffd" not in "".join(texts)
+    assert token_text(bpe, bpe.encode("é")[0]) in ("é", "\\xc3")  # a whole character stays itself
 
 
 def char_checkpoint(tmp_path: Path, n_layer: int = 2, n_head: int = 3) -> Path:

@@ -71,6 +71,20 @@ def test_bpe_encodes_any_text_and_decodes_it_back(bpe):
     assert bpe.decode([*bpe.encode("the"), bpe.eot_id]) == "the<|endoftext|>"
 
 
+def test_each_token_stands_for_its_own_bytes(bpe, tmp_path):
+    # Needed by the attention map and the lab, which label tokens one at a time: decoding one token that
+    # holds part of a character gave "\ufffd", the same for every such token.
+    text = "Ünïcödé, 日本語 😀 — the <|endoftext|>\n\tx"
+    char = build_tokenizer("char", [text], tmp_path)
+    for tok in (bpe, char):
+        ids = tok.encode(text)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+        assert tok.token_bytes(tok.eot_id) == b"<|endoftext|>"
+    assert any(len(bpe.token_bytes(i)) == 1 and bpe.token_bytes(i)[0] >= 0x80 for i in bpe.encode("ï"))
+    with pytest.raises(ValueError, match=r"token id 280 is outside the bpe vocabulary"):
+        bpe.token_bytes(280)
+
+
 def test_bpe_text_that_spells_the_eot_is_data(bpe):
     ids = bpe.encode("a <|endoftext|> b")
     assert bpe.eot_id not in ids and bpe.decode(ids) == "a <|endoftext|> b"
@@ -136,6 +150,7 @@ def test_gpt2_known_ids_and_roundtrip(gpt2_cache):
     text = "Ünïcödé, 日本語 and emoji 😀 —\n\n  indented\tlines "
     assert tok.decode(tok.encode(text)) == text
     assert tok.decode([tok.eot_id]) == "<|endoftext|>"
+    assert b"".join(tok.token_bytes(i) for i in tok.encode(text)) == text.encode()
     # Text that spells the special token is ordinary text, never the EOT id.
     assert tok.eot_id not in tok.encode("a <|endoftext|> b")
 
