@@ -10,10 +10,12 @@ one-row train split) is instead cut at the character (1 - val_fraction) * len(te
 train, the tail is val, and each half counts as one document.
 """
 
+import fcntl
 import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -123,8 +125,10 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     tokenizer = build_tokenizer(cfg.tokenizer, texts, cache_dir, cfg.bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_builds(directory.parent)
     # Written into a temp dir and renamed into place only when complete: a crash leaves no `directory`.
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{fp}-"))
+    builder = hold_build_lock(tmp)
     try:
         counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
         with open(tmp / "train.bin", "wb") as train_f, open(tmp / "val.bin", "wb") as val_f:
@@ -155,8 +159,11 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(builder)
         raise
-    publish_dir(tmp, directory)
+    publish_dir(tmp, directory)  # still locked while renamed, so no other process takes it for abandoned
+    (directory / BUILD_LOCK).unlink(missing_ok=True)
+    os.close(builder)
     log.info(
         "prepared %s in %.1fs: %d train / %d val tokens",
         directory,
@@ -165,6 +172,33 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         meta["val_tokens"],
     )
     return load_prepared(directory, cache_dir)
+
+
+BUILD_LOCK = ".building"  # flocked by the process writing a temp dir, for as long as it writes
+
+
+def hold_build_lock(tmp: Path) -> int:
+    fd = os.open(tmp / BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def remove_abandoned_builds(prepared: Path) -> None:
+    """Delete the temp dirs of preparations whose process died (SIGKILL, a crash): their lock is free.
+    A corpus's partial token files can be gigabytes, in a hidden directory no one would find."""
+    for tmp in prepared.glob(".*-*"):
+        try:
+            fd = os.open(tmp / BUILD_LOCK, os.O_RDWR)
+        except OSError:  # no lock file: not a build of ours (or one a moment old), left alone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live preparation, in another process
+        finally:
+            os.close(fd)
+        log.info("removing %s, left by a preparation that was killed", tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_writable(cache_dir: Path) -> None:

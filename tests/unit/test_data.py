@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from data import DataConfig, fetch, load_prepared, prepare
 from data.config import resolve_cache_dir
 from data.prepare import split_documents
 from data.sources import load_documents
+from tests.helpers import ROOT
 
 # `data.prepare` is the function (re-exported by the package); the module is needed for monkeypatching.
 prepare_mod = importlib.import_module("data.prepare")
@@ -376,6 +378,44 @@ def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatc
     prepared = prepare(cfg, progress=False)
     assert prepared.directory == prepared_root / fp
     assert sorted(split_by_eot(prepared, "train") + split_by_eot(prepared, "val")) == sorted(DOCS)
+
+
+def test_a_preparation_killed_mid_write_leaves_no_stray_directory(tmp_path):
+    # Defect: SIGKILL during tokenizing left prepared/.FP-xxxx with its partial token files (gigabytes
+    # for a large corpus) in a hidden directory, for good: the next prepare made a new one beside it.
+    write_docs(tmp_path / "docs", DOCS)
+    cfg = files_cfg(tmp_path)
+    prepared_root = tmp_path / "cache" / "prepared"
+    hang = f"""
+import importlib, time
+from data import DataConfig, prepare
+p = importlib.import_module("data.prepare")
+real = p._write_tokens
+def write_then_hang(*args):
+    n = real(*args)
+    print("writing", flush=True)
+    time.sleep(600)
+p._write_tokens = write_then_hang
+prepare(DataConfig(source="files", files={cfg.files!r}, cache_dir={cfg.cache_dir!r}), progress=False)
+"""
+    child = subprocess.Popen([sys.executable, "-c", hang], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "writing\n"
+        (killed,) = prepared_root.glob(".*-*")
+        live = prepared_root / ".another-live-build"  # a preparation running in another process
+        live.mkdir()
+        live_lock = prepare_mod.hold_build_lock(live)
+        foreign = prepared_root / ".not-a-build"  # no lock file: not ours to judge
+        foreign.mkdir()
+    finally:
+        child.kill()
+        child.wait()
+    assert (killed / "train.bin").is_file()  # the half-written token files
+    prepared = prepare(cfg, progress=False)
+    assert not killed.exists() and live.is_dir() and foreign.is_dir()
+    assert sorted(p.name for p in prepared_root.iterdir()) == sorted([live.name, foreign.name, prepared.directory.name])
+    assert not (prepared.directory / prepare_mod.BUILD_LOCK).exists()
+    os.close(live_lock)
 
 
 def test_hub_source_prepares(tmp_path, hub_dir):
