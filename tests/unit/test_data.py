@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from data import DataConfig, fetch, load_prepared, prepare
+from data import sources as sources_mod
 from data.config import resolve_cache_dir
 from data.prepare import split_documents
 from data.sources import load_documents
@@ -176,12 +177,14 @@ def test_files_source_reads_one_document_per_file(tmp_path):
     assert docs["text"] == DOCS
 
 
-def test_files_errors(tmp_path):
+def test_files_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"data.files entry '.*nothing/\*.txt' matches no files"):
         load_documents(DataConfig(source="files", files=[str(tmp_path / "nothing" / "*.txt")]))
     with pytest.raises(FileNotFoundError, match=r"data.files entry '.*missing.txt' is not a file"):
         load_documents(DataConfig(source="files", files=[str(tmp_path / "missing.txt")]))
     write_docs(tmp_path / "docs", ["", ""])
+    # said before `datasets` loads them (it drew a "Generating train split" progress bar first)
+    monkeypatch.setattr(sources_mod, "_load_text_files", lambda *a: pytest.fail("empty files were loaded"))
     with pytest.raises(ValueError, match=r"all 2 files named by data\.files are empty"):
         load_documents(files_cfg(tmp_path))
 
