@@ -109,6 +109,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
         staged.parent.mkdir(parents=True, exist_ok=True)
         hf.save_pretrained(staged)
         save_hf_tokenizer(tokenizer_meta, staged, ranks)
+        umask = os.umask(0)
+        os.umask(umask)
+        for file in staged.iterdir():  # transformers writes the weights 0600: others could not load them
+            file.chmod(0o666 & ~umask)
         replace_dir(staged, out_dir)
     finally:
         shutil.rmtree(staged, ignore_errors=True)

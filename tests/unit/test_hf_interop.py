@@ -172,6 +172,10 @@ def test_convert_script_exports_and_imports_checkpoints(tmp_path, monkeypatch):
 
     hf_dir = export_checkpoint(ckpt, tmp_path / "hf")
     assert {"config.json", "model.safetensors"} <= {p.name for p in hf_dir.iterdir()}
+    # Defect: model.safetensors came out 0600 (transformers' temp file): no one else could load it.
+    (tmp_path / "plain").touch()  # the mode any new file gets here
+    plain = (tmp_path / "plain").stat().st_mode
+    assert {p.name: p.stat().st_mode for p in hf_dir.iterdir()} == {p.name: plain for p in hf_dir.iterdir()}
     assert json.loads((hf_dir / "config.json").read_text())["eos_token_id"] == tok.eot_id
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True).eval()
     assert_same_logits(model, hf)
