@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
+from cli.schema_help import OneLineParser, at_least
 from model.attention import MATERIALIZED_MAX_KEYS, build_causal_mask, scaled_dot_product_attention
 from model.materialized_attention import causal_materialized_attention
 
@@ -43,13 +44,15 @@ def time_fwd_bwd(fn, shape: tuple[int, ...], dtype: torch.dtype, repeats: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=8192, help="B * T for every row (the default run's batch)")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--lengths", type=int, nargs="*", default=[64, 128, 256, 512, 1024, 2048])
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--tokens", type=at_least(1), default=8192, help="B * T for every row (the default run's batch)"
+    )
+    parser.add_argument("--heads", type=at_least(1), default=4)
+    parser.add_argument("--head-dim", type=at_least(1), default=64)
+    parser.add_argument("--lengths", type=at_least(1), nargs="*", default=[64, 128, 256, 512, 1024, 2048])
     parser.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=list(DTYPES))
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=at_least(1), default=7)
     args = parser.parse_args()
     print(
         f"attnlab bench_attention: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "

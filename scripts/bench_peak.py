@@ -12,16 +12,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from cli.schema_help import OneLineParser
 from data.config import resolve_cache_dir
 from training.runtime import cpu_supports_bf16, device_name, peak_flops, resolve_device
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--remeasure", action="store_true", help="ignore the cached figures")
     args = parser.parse_args()
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:  # a device this machine lacks: a bad command line
+        parser.error(str(e))
     cache_file = resolve_cache_dir() / "peak_flops.json"
     precisions = ["fp32"]
     if device.type == "cuda" or cpu_supports_bf16():

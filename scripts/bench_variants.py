@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file: make the repo importable
 
 import torch
 
+from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
 from model import GPTConfig
 from training.config import TrainConfig
@@ -41,14 +42,14 @@ VARIANTS = {  # name -> GPTConfig overrides (the README table's rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds of --steps training steps")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--decode-tokens", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d-model", type=at_least(1), default=256)
+    parser.add_argument("--block-size", type=at_least(1), default=256)
+    parser.add_argument("--batch-size", type=at_least(1), default=8)
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="round-robin rounds of --steps training steps")
+    parser.add_argument("--steps", type=at_least(1), default=3)
+    parser.add_argument("--decode-tokens", type=at_least(1), default=100)
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

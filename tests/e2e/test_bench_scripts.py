@@ -171,3 +171,19 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["scripts/bench_peak.py", "--device", "nowhere"], "error: device='nowhere' is invalid"),
+        (["scripts/bench_attention.py", "--tokens", "0"], "error: argument --tokens: 0 is invalid"),
+        (["scripts/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+    ],
+)
+def test_every_benchmark_says_a_bad_command_line_in_one_line(argv, message):
+    # Defect: these three used plain argparse and let a ValueError out as a traceback (the others did not).
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(message)
