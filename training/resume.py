@@ -30,7 +30,7 @@ RESUMABLE_MODEL_FIELDS = {
     "dropout",  # regularisation only; the weights mean the same with or without it
 }
 # Allowed to change on resume, but then the run no longer matches an uninterrupted one.
-TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "max_steps", "optim")
+TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "global_batch_size", "max_steps", "optim", "precision")
 
 
 @dataclass

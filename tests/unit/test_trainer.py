@@ -121,8 +121,9 @@ def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tm
         check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
         assert not caplog.records  # the same run continues as it would have
         meta["data_fingerprint"], meta["config"]["seed"] = "another corpus", trainer.cfg.seed + 1
+        meta["config"]["precision"] = "bf16" if trainer.cfg.precision != "bf16" else "fp32"  # a bf16 run in fp32
         check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
-    assert "different ['seed', 'data']" in caplog.text
+    assert "different ['seed', 'precision', 'data']" in caplog.text
 
 
 def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
