@@ -66,8 +66,8 @@ def main(cfg: DictConfig) -> float | None:
         log_to_file(Path(cfg.out_dir) / "train.log")
         if cfg.logger.group is None:
             cfg.logger.group = "/".join(Path(hydra_cfg.sweep.dir).parts[-2:])  # one wandb group per sweep
+    auto_named, train_cfg = cfg.out_dir is None, None
     try:
-        auto_named = cfg.out_dir is None
         if auto_named:
             cfg.out_dir = str(cli.new_run_dir())  # under torchrun, train() gives every rank rank 0's
         train_cfg = to_train_config(cfg)
@@ -82,6 +82,13 @@ def main(cfg: DictConfig) -> float | None:
         if auto_named and info.is_main:
             cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is not saved, an earlier one may be
+        run_dir = Path(train_cfg.out_dir) if train_cfg else None  # train_in_new_dir may have moved on
+        if info.is_main and run_dir and (hint := cli.insisted_hint(run_dir, overrides)):
+            log.warning("%s", hint)
+            if auto_named:
+                cli.point_latest(cli.OUTPUTS, run_dir)
+        raise
     except USER_ERRORS as e:  # one line, no traceback
         if multirun:
             log.error("%s", e)

@@ -113,6 +113,15 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
 
 
+def insisted_hint(out_dir: Path, overrides: Sequence[str]) -> str | None:
+    """After a second Ctrl-C, which stops before the step in progress is saved: how to continue from the
+    newest checkpoint (None when there is none: nothing to continue)."""
+    latest = CheckpointDir(out_dir / "checkpoints").latest()
+    if latest is None:
+        return None
+    return f"interrupted before a save; continue from {latest} with: {continue_command(out_dir, overrides)}"
+
+
 def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
     """The command that continues an interrupted sweep as a whole: the sweep typed again, in its folder, with
     resume=auto (each started job continues its checkpoint, a finished one stays as it is, the rest start)."""

@@ -17,6 +17,7 @@ from cli.config import to_train_config
 from tests.helpers import compose_config
 from training.checkpoint import load_checkpoint
 from training.guards import RunInterrupted, StopSignals
+from training.run_dir import CheckpointDir
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,3 +202,21 @@ def test_resumed_run_continues_the_same_wandb_run(run_overrides, tmp_path):
     assert first and second == first
     runs = sorted(p.name for p in (tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(f"-{first}") for name in runs)
+
+
+def test_a_second_ctrl_c_names_the_checkpoint_to_continue_from(shared_corpus_overrides, tmp_path):
+    # Defect: Ctrl-C twice (the second before the first's save) ended with a bare "interrupted": no word
+    # of the checkpoints already saved, nor of the command that continues from the newest.
+    out_dir = tmp_path / "run"
+    big = ["model.d_model=384", "model.n_layer=6"]  # a save of ~0.3 s: the second Ctrl-C lands before it ends
+    every_step = ["max_steps=10000", "eval_interval=1", "log_interval=1", "sample_tokens=0", "logger=none"]
+    proc = launch([*shared_corpus_overrides, *big, *every_step, f"out_dir={out_dir}"], tmp_path / "log")
+    wait_for_step(proc, out_dir, 2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    output = (tmp_path / "log").read_text()
+    assert proc.returncode == 130 and output.rstrip().endswith("interrupted"), output[-2000:]
+    newest = CheckpointDir(out_dir / "checkpoints").latest()
+    assert f"interrupted before a save; continue from {newest} with: python train.py out_dir={out_dir} " in output
