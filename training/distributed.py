@@ -4,6 +4,7 @@ single-process run is exactly what it was. NCCL on CUDA, gloo on CPU; which sequ
 trains on is training/batch_layout.py."""
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -122,21 +123,29 @@ def quiet_unless_main(info: DistInfo) -> None:
         logging.getLogger().setLevel(logging.WARNING)
 
 
+def all_gather_json(value: Any, info: DistInfo) -> list[Any]:
+    """Every rank's `value` (anything JSON holds), in rank order. Sent as JSON bytes in plain tensors:
+    torch's object collectives unpickle what another process sent, and this project loads no pickle."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(info.world_size)]
+    dist.all_gather(sizes, torch.tensor([len(data)], device=device))
+    longest = max(int(size) for size in sizes)
+    parts = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in sizes]
+    dist.all_gather(parts, nn.functional.pad(data, (0, longest - len(data))))
+    return [json.loads(bytes(part[: int(size)].tolist())) for part, size in zip(parts, sizes, strict=True)]
+
+
 def broadcast_object(obj: T, info: DistInfo) -> T:
-    """Rank 0's `obj` on every rank (pickled; only for small values that rank 0 computed)."""
-    if not info.enabled:
-        return obj
-    box = [obj if info.is_main else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    """Rank 0's `obj` (a small JSON value that rank 0 computed) on every rank."""
+    return all_gather_json(obj if info.is_main else None, info)[0] if info.enabled else obj
 
 
 def check_same(value: Any, what: str, hint: str, info: DistInfo) -> None:
     """Raise ValueError on every rank unless all ranks hold the same `value`."""
     if not info.enabled:
         return
-    values: list[Any] = [None] * info.world_size
-    dist.all_gather_object(values, value)
+    values = all_gather_json(value, info)
     for rank, other in enumerate(values):
         if other != values[0]:
             raise ValueError(f"ranks disagree on {what}: rank 0 has {values[0]!r}, rank {rank} has {other!r}; {hint}")

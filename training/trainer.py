@@ -152,7 +152,7 @@ class Trainer:
             guards.check_weights_finite(model, self.state.step)
             return self.checkpoints.save(model, optimizer, meta, self.state.step, is_best)
 
-        return distributed.broadcast_object(distributed.on_main(write, self.dist), self.dist)
+        return Path(distributed.broadcast_object(str(distributed.on_main(write, self.dist)), self.dist))
 
     def restore(self, path: Path) -> ckpt_io.Checkpoint:
         self.state, ckpt = restore(path, self.cfg, self.model, self.optimizer, self.data)

@@ -21,7 +21,7 @@ from cli.train_output import hydra_argv
 from data.batches import sample_batch
 from model.sampling import SamplingParams
 from scripts.sample import SampleConfig, sample
-from tests.e2e.distributed_worker import failing_worker, free_port
+from tests.e2e.distributed_worker import failing_worker, free_port, json_worker
 from tests.helpers import compose_config
 from training import distributed
 from training.batch_layout import BatchLayout, batch_layout
@@ -116,18 +116,21 @@ def test_a_rank_cannot_be_pinned_to_one_gpu():
 # --- failures: every rank ends with a clear error, none hangs --------------------------------------
 
 
-@pytest.mark.slow
-def test_failures_end_every_rank_with_a_clear_error(tmp_path):
+def run_workers(worker, tmp_path: Path) -> list[dict]:
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=failing_worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=120)
         assert p.exitcode == 0, f"worker exit code {p.exitcode}"
-    rank0 = json.loads((tmp_path / "rank0.json").read_text())
-    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_failures_end_every_rank_with_a_clear_error(tmp_path):
+    rank0, rank1 = run_workers(failing_worker, tmp_path)
     assert rank0["stop"] == rank1["stop"] == 15
     assert rank0["on_main"] == "OSError: no space left to write the checkpoint"
     assert rank1["on_main"] == (
@@ -135,6 +138,16 @@ def test_failures_end_every_rank_with_a_clear_error(tmp_path):
     )
     assert rank0["timeout"].startswith("raised after"), rank0["timeout"]
     assert float(rank0["timeout"].split()[2].rstrip("s:")) < 5  # the 2 s timeout, not rank 1's 6 s sleep
+
+
+@pytest.mark.slow
+def test_ranks_exchange_values_without_pickle(tmp_path):
+    rank0, rank1 = run_workers(json_worker, tmp_path)
+    assert rank0["out_dir"] == rank1["out_dir"] == "outputs/run-0 ünïcode"
+    assert rank0["max_steps"] == rank1["max_steps"] == 100
+    assert rank0["saved"] == "checkpoints/step_0000004.safetensors" and rank1["saved"] is None
+    expected = "ranks disagree on the checkpoint to resume: rank 0 has 'path on rank 0', rank 1 has 'path on rank 1'"
+    assert rank0["differ"] == rank1["differ"] == f"{expected}; use a shared disk"
 
 
 # --- 2-process training equals 1-process training ---------------------------------------------------
@@ -148,7 +161,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def torchrun(overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # no_pickle/sitecustomize.py: a training process that unpickles anything fails
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     return subprocess.run(
         [*cmd, str(ROOT / "train.py"), *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
@@ -227,7 +241,8 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrid
     base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + flat_lr
     base += ["precision=fp32", "log_interval=1", "batch_size=8"]
     run = [*base, "max_steps=100000", "eval_interval=100000", f"out_dir={tmp_path / 'two'}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # no_pickle/sitecustomize.py: a training process that unpickles anything fails
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
     proc = subprocess.Popen([*cmd, *run], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     metrics = tmp_path / "two" / "metrics.jsonl"
