@@ -18,10 +18,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from analysis.trained import find_checkpoint
 from cli.config import hydra_value, shell_quote
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.run_dir import BEST, CheckpointDir, RunDirInUse, find_checkpoint
+from training.run_dir import BEST, CheckpointDir, RunDirInUse
 
 OUTPUTS = Path("outputs")
 

@@ -12,11 +12,10 @@ from typing import Any
 import torch
 
 from analysis.attention import token_text
-from data import Tokenizer, tokenizer_from_meta
+from analysis.trained import load_trained
+from data import Tokenizer
 from model import GPT
 from model.generate import encode_prompt
-from training.checkpoint import load_model
-from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.run_files import METRICS
 from training.runtime import resolve_device
 
@@ -40,18 +39,13 @@ class LabSession:
     def load(self, source: str | Path) -> None:
         """Load a checkpoint or run directory; on any error the previous model stays."""
         source = Path(source).expanduser()
-        checkpoint = resolve_checkpoint(source)
-        model, ckpt = load_model(checkpoint, self.device)
-        if "tokenizer" not in ckpt.meta:
-            raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
-        cache_dir = ckpt.meta.get("config", {}).get("data", {}).get("cache_dir", "")
-        tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cache_dir)
+        trained = load_trained(source, self.device)
         with self.lock:
-            self.model: GPT = model
-            self.tokenizer: Tokenizer = tokenizer
-            self.checkpoint = checkpoint
-            self.step = ckpt.meta.get("step")
-            self.run_dir = run_dir_of(source, checkpoint)
+            self.model: GPT = trained.model
+            self.tokenizer: Tokenizer = trained.tokenizer
+            self.checkpoint = trained.path
+            self.step = trained.meta.get("step")
+            self.run_dir = run_dir_of(source, trained.path)
 
     def encode(self, prompt: str) -> torch.Tensor:
         """The prompt's token ids (T,) on the model's device; ValueError names unknown characters."""

@@ -24,11 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from analysis.attention import attention_maps, token_label, token_text
 from analysis.outputs import check_replaceable
 from analysis.run_plots import image_path
+from analysis.trained import load_trained
 from cli.schema_help import OneLineParser
-from data.tokenizer import tokenizer_from_meta
 from model.generate import encode_prompt
-from training.checkpoint import load_model
-from training.run_dir import find_checkpoint as resolve_checkpoint
 from training.runtime import resolve_device
 
 log = logging.getLogger("attention_map")
@@ -73,10 +71,8 @@ def write_attention_map(
     path written (see image_path)."""
     path = image_path(Path(out))  # refused before the model is loaded
     check_replaceable(path, force)
-    model, ckpt = load_model(resolve_checkpoint(checkpoint), resolve_device(device))
-    if not isinstance(ckpt.meta.get("tokenizer"), dict):
-        raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
-    tokenizer = tokenizer_from_meta(ckpt.meta["tokenizer"], cache_dir)
+    trained = load_trained(checkpoint, resolve_device(device), cache_dir)
+    model, tokenizer = trained.model, trained.tokenizer
     ids = encode_prompt(tokenizer, prompt, model.config.vocab_size)
     block_size = model.config.block_size
     if len(ids) > block_size:
@@ -86,7 +82,7 @@ def write_attention_map(
     labels = [token_label(token_text(tokenizer, i)) for i in ids]
     c = model.config
     shape = f"n_layer={c.n_layer}, n_head={c.n_head}, d_k={c.head_dim}"
-    title = f"{Path(checkpoint).name} (step {ckpt.meta.get('step')}): {shape}, prompt {prompt!r}"
+    title = f"{Path(checkpoint).name} (step {trained.meta.get('step')}): {shape}, prompt {prompt!r}"
     path.parent.mkdir(parents=True, exist_ok=True)
     return plot_attention(maps, labels, path, title)
 

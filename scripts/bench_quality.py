@@ -40,14 +40,13 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from analysis.stats import fmt_interval, t_interval
+from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import OneLineParser, at_least
 from data.config import DataConfig
 from data.prepare import prepare
 from scripts.bench_train import load_config
-from training.checkpoint import load_model
 from training.evaluate import bits_per_byte, split_loss
 from training.fairness import measure_seconds_per_step
-from training.run_dir import find_checkpoint
 from training.run_files import SUMMARY
 from training.runtime import autocast, device_name, resolve_device, resolve_precision
 from training.trainer import Trainer

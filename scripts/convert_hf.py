@@ -27,14 +27,14 @@ import safetensors
 if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
 from model.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
-from training.checkpoint import load_model, looks_like_pickle, save_checkpoint
-from training.run_dir import find_checkpoint as resolve_checkpoint
+from training.checkpoint import looks_like_pickle, save_checkpoint
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
 
@@ -96,7 +96,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
     """Our checkpoint (or run directory) -> a GPT2LMHeadModel directory with its tokenizer."""
     out_dir = Path(out_dir)
     check_writable_target(out_dir, "export directory", force, is_dir=True)
-    model, ckpt = load_model(resolve_checkpoint(checkpoint))
+    model, ckpt = load_model(find_checkpoint(checkpoint))
     check_gpt2_compatible(model.config)  # before asking for transformers: an install would not help
     require_transformers()
     tokenizer_meta = ckpt.meta.get("tokenizer")

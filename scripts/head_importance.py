@@ -34,13 +34,12 @@ from analysis.head_importance import (
     uniform_entropy,
 )
 from analysis.outputs import check_out_dir, check_replaceable
+from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
 from data.tokenizer import tokenizer_from_meta
-from training.checkpoint import load_model
-from training.run_dir import find_checkpoint
 from training.runtime import resolve_device
 
 log = logging.getLogger("head_importance")

@@ -33,12 +33,10 @@ if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make 
 from cli.ctrl_c import exit_quietly_on_ctrl_c
 
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
+    from analysis.trained import load_trained
     from cli.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
-    from data import Tokenizer, tokenizer_from_meta
     from model.generate import check_context_length, encode_prompt, stream_text
     from model.sampling import SamplingParams
-    from training.checkpoint import load_model
-    from training.run_dir import find_checkpoint as resolve_checkpoint
     from training.runtime import resolve_device
 
 SEPARATOR = "\n---------------\n"
@@ -239,18 +237,8 @@ class Sampler:
     def __init__(self, cfg: SampleConfig) -> None:
         cfg.validate()
         self.device = resolve_device(cfg.device)
-        path = resolve_checkpoint(cfg.checkpoint)
-        try:
-            self.model, ckpt = load_model(path, self.device)
-        except (TypeError, KeyError, AttributeError) as e:  # a header that parses but does not fit the schema
-            raise ValueError(f"checkpoint {str(path)!r} has a malformed header ({type(e).__name__}: {e})") from None
-        if "tokenizer" not in ckpt.meta:
-            raise ValueError(f"checkpoint {str(path)!r} has no tokenizer in its header")
-        data_cfg = ckpt.meta.get("config", {}).get("data", {})
-        self.tokenizer: Tokenizer = tokenizer_from_meta(
-            ckpt.meta["tokenizer"], cfg.cache_dir or data_cfg.get("cache_dir", "")
-        )
-        self.path = path
+        trained = load_trained(cfg.checkpoint, self.device, cfg.cache_dir)
+        self.model, self.tokenizer, self.path = trained.model, trained.tokenizer, trained.path
 
     def params(self, cfg: SampleConfig) -> SamplingParams:
         """cfg's settings with the stop token resolved; the context length checked against the model."""

@@ -214,20 +214,3 @@ def load_model_weights(model: nn.Module, ckpt: Checkpoint) -> None:
     if unexpected or set(missing) - tied:
         missing = sorted(set(missing) - tied)
         raise ValueError(f"checkpoint weights do not fit the model: missing {missing}, unexpected {sorted(unexpected)}")
-
-
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, Checkpoint]:
-    """A GPT rebuilt from a checkpoint's own config and weights, in eval mode (for sampling, analysis)."""
-    from model import GPT, GPTConfig
-
-    ckpt = load_checkpoint(path)
-    config = ckpt.meta.get("config")
-    model_cfg = config.get("model") if isinstance(config, dict) else None
-    if not isinstance(model_cfg, dict):
-        raise ValueError(f"checkpoint {str(path)!r} has no model config in its header")
-    try:
-        model = GPT(GPTConfig(**model_cfg))
-    except (TypeError, ValueError) as e:  # a header with unknown or bad fields, though its digest holds
-        raise ValueError(f"checkpoint {str(path)!r} has a model config this code cannot build ({e})") from None
-    load_model_weights(model, ckpt)
-    return model.to(device).eval(), ckpt

@@ -290,22 +290,3 @@ def trim_metrics(path: Path, step: int) -> None:
         if isinstance(record, dict) and record.get("step", 0) <= step:
             kept.append(line + "\n")
     atomic_write_bytes(path, "".join(kept).encode())
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """What a user means by a checkpoint: a file as given; a run directory (or `outputs/latest`) means
-    RUN/checkpoints/best.safetensors, else its newest step checkpoint."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        if not path.is_file():
-            raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
-        return path
-    for folder in (path / "checkpoints", path):
-        if (folder / BEST).is_file():
-            return folder / BEST
-        steps = [p for p in folder.glob("step_*.safetensors") if checkpoint_step(p) is not None]
-        if steps:
-            return max(steps, key=lambda p: checkpoint_step(p) or -1)
-    raise FileNotFoundError(
-        f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
-    )

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import training.checkpoint
+from analysis.trained import load_model
 from cli.config import to_train_config
 from model.gpt import GPT
 from tests.helpers import compose_config
-from training.checkpoint import load_checkpoint, load_model, save_checkpoint
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

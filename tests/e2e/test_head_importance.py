@@ -5,10 +5,11 @@ import re
 
 import pytest
 
+from analysis.trained import load_model
 from cli.config import to_train_config
 from scripts.head_importance import write_head_importance
 from tests.helpers import ROOT, compose_config, run_cli
-from training.checkpoint import load_model, save_checkpoint
+from training.checkpoint import save_checkpoint
 from training.trainer import train
 
 

@@ -270,7 +270,8 @@ def test_a_run_ends_saying_where_it_is_and_points_latest_at_it(corpus_args, tmp_
 
 
 def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(corpus_args, finished_run, tmp_path):
-    from training.checkpoint import load_checkpoint, load_model, save_checkpoint
+    from analysis.trained import load_model
+    from training.checkpoint import load_checkpoint, save_checkpoint
 
     ckpt = load_checkpoint(finished_run / "checkpoints" / "step_0000010.safetensors")
     model, _ = load_model(finished_run / "checkpoints" / "step_0000010.safetensors")

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis.trained import find_checkpoint
 from cli.schema_help import show_default
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from model.sampling import SamplingParams
-from scripts.sample import SampleConfig, cli_fields, main, parse_args, resolve_checkpoint, sample
+from scripts.sample import SampleConfig, cli_fields, main, parse_args, sample
 from training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -173,11 +174,11 @@ def test_the_readme_key_value_spellings_and_flags_mean_the_same(run_dir, tmp_pat
 
 
 def test_a_run_directory_gives_its_best_then_its_newest_step_checkpoint(run_dir, tmp_path):
-    assert resolve_checkpoint(run_dir) == run_dir / "checkpoints" / "best.safetensors"
+    assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "best.safetensors"
     steps_only = tmp_path / "steps"
     for step in (2, 10, 9):
         tiny_checkpoint(steps_only / "checkpoints" / f"step_{step:07d}.safetensors", step)
-    assert resolve_checkpoint(steps_only).name == "step_0000010.safetensors"
+    assert find_checkpoint(steps_only).name == "step_0000010.safetensors"
     latest = tmp_path / "outputs" / "latest"
     latest.parent.mkdir()
     latest.symlink_to(run_dir, target_is_directory=True)

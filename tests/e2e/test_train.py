@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from analysis.trained import load_model
 from cli.config import to_train_config
 from tests.helpers import compose_config
-from training.checkpoint import load_checkpoint, load_model
+from training.checkpoint import load_checkpoint
 from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,13 +17,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from analysis.trained import load_model  # noqa: E402
 from data import tokenizer as tokenizer_mod  # noqa: E402
 from data.tokenizer import EOT_TEXT, CharTokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.hf_interop import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
 from scripts.convert_hf import export_checkpoint, import_hf  # noqa: E402
 from scripts.convert_hf import main as convert_main  # noqa: E402
-from training.checkpoint import load_model, save_checkpoint  # noqa: E402
+from training.checkpoint import save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

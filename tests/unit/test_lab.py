@@ -20,11 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from analysis.head_mask import gates_without, head_gates
+from analysis.trained import find_checkpoint
 from data.tokenizer import CharTokenizer
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
 from lab.server import MAX_BODY, STATIC, make_server, url_of
-from lab.session import LabSession, resolve_checkpoint
+from lab.session import LabSession
 from model import GPT, GPTConfig
 from tests.helpers import ROOT
 from training.checkpoint import save_checkpoint
@@ -100,19 +101,19 @@ def test_prompt_loss_and_top_tokens_check_their_input(session):
     assert len(top) == 5 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
 
 
-def test_resolve_checkpoint_prefers_best_then_the_newest_step(tmp_path, run_dir):
-    assert resolve_checkpoint(run_dir).name == "step_0000007.safetensors"
+def test_find_checkpoint_prefers_best_then_the_newest_step(tmp_path, run_dir):
+    assert find_checkpoint(run_dir).name == "step_0000007.safetensors"
     run = tmp_path / "run"
     for name in ("step_0000010.safetensors", "step_0000020.safetensors"):
         tiny_checkpoint(run / "checkpoints" / name)
-    assert resolve_checkpoint(run).name == "step_0000020.safetensors"
+    assert find_checkpoint(run).name == "step_0000020.safetensors"
     tiny_checkpoint(run / "checkpoints" / "best.safetensors")
-    assert resolve_checkpoint(run).name == "best.safetensors"
-    assert resolve_checkpoint(run / "checkpoints" / "step_0000010.safetensors").name == "step_0000010.safetensors"
+    assert find_checkpoint(run).name == "best.safetensors"
+    assert find_checkpoint(run / "checkpoints" / "step_0000010.safetensors").name == "step_0000010.safetensors"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        resolve_checkpoint(tmp_path / "missing")
+        find_checkpoint(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
-        resolve_checkpoint(tmp_path)
+        find_checkpoint(tmp_path)
 
 
 def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):

@@ -7,12 +7,13 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from analysis.trained import load_model
 from cli.config import to_train_config
 from model import GPT, GPTConfig
 from model.position import SinusoidalPositions
 from tests.helpers import compose_config
 from tests.variants import VARIANT_HEADS, VARIANTS
-from training.checkpoint import load_model, save_checkpoint
+from training.checkpoint import save_checkpoint
 from training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

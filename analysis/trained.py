@@ -1,0 +1,72 @@
+"""A trained model as the tools open it (sampling, the lab, attention maps, head importance, export,
+scoring): what a user means by a checkpoint, and the model and tokenizer rebuilt from its header."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.tokenizer import Tokenizer, tokenizer_from_meta
+from model import GPT, GPTConfig
+from training.checkpoint import Checkpoint, load_checkpoint, load_model_weights
+from training.run_dir import BEST, checkpoint_step
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A file as given; a run directory (or `outputs/latest`) means RUN/checkpoints/best.safetensors,
+    else its newest step checkpoint."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
+        return path
+    for folder in (path / "checkpoints", path):
+        if (folder / BEST).is_file():
+            return folder / BEST
+        steps = [p for p in folder.glob("step_*.safetensors") if checkpoint_step(p) is not None]
+        if steps:
+            return max(steps, key=lambda p: checkpoint_step(p) or -1)
+    raise FileNotFoundError(
+        f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
+    )
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, Checkpoint]:
+    """A GPT rebuilt from a checkpoint file's own config and weights, in eval mode."""
+    ckpt = load_checkpoint(path)
+    config = ckpt.meta.get("config")
+    model_cfg = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model_cfg, dict):
+        raise ValueError(f"checkpoint {str(path)!r} has no model config in its header")
+    try:
+        model = GPT(GPTConfig(**model_cfg))
+    except (TypeError, ValueError) as e:  # a header with unknown or bad fields, though its digest holds
+        raise ValueError(f"checkpoint {str(path)!r} has a model config this code cannot build ({e})") from None
+    load_model_weights(model, ckpt)
+    return model.to(device).eval(), ckpt
+
+
+@dataclass
+class Trained:
+    model: GPT  # in eval mode
+    tokenizer: Tokenizer
+    path: Path  # the checkpoint file that was read
+    meta: dict[str, Any]  # its header: config, step, metrics, ...
+
+
+def load_trained(source: str | Path, device: torch.device | str = "cpu", cache_dir: str = "") -> Trained:
+    """The model and tokenizer of a checkpoint or run directory. A GPT-2 tokenizer's ranks are looked for in
+    `cache_dir`, else where the run's data config cached them."""
+    path = find_checkpoint(source)
+    model, ckpt = load_model(path, device)
+    tokenizer_meta = ckpt.meta.get("tokenizer")
+    if not isinstance(tokenizer_meta, dict):
+        raise ValueError(f"checkpoint {str(path)!r} has no tokenizer in its header")
+    data_cfg = ckpt.meta["config"].get("data")
+    saved_cache_dir = data_cfg.get("cache_dir", "") if isinstance(data_cfg, dict) else ""
+    try:
+        tokenizer = tokenizer_from_meta(tokenizer_meta, cache_dir or saved_cache_dir)
+    except (TypeError, KeyError, AttributeError) as e:  # a header that parses but does not fit the schema
+        raise ValueError(f"checkpoint {str(path)!r} has a malformed tokenizer ({type(e).__name__}: {e})") from None
+    return Trained(model, tokenizer, path, ckpt.meta)
