@@ -115,8 +115,8 @@ if __name__ == "__main__":
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
         fail(f"error: {composition_error(e)}")
     except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
-        if cli.SweepHint.sweep_dir:  # Hydra raises it once the sweep's other jobs have run
-            print(cli.sweep_hint(cli.SweepHint.sweep_dir, failed=True), file=sys.stderr)
+        if cli.SweepHint.sweep:  # Hydra raises it once the sweep's other jobs have run
+            print(cli.sweep_hint(**cli.SweepHint.sweep, failed=True), file=sys.stderr)
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # during start-up (a run dir made for it is gone again) or a second Ctrl-C
         print("interrupted", file=sys.stderr)

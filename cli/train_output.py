@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import safetensors
 from hydra.experimental.callback import Callback
@@ -224,20 +224,29 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
 class SweepHint(Callback):
     """After a multirun: the sweep folder and the report command. Hydra calls `on_multirun_end` only when
     every job succeeded; when one failed it raises that job's error once all have run, and train.py
-    prints `sweep_hint(SweepHint.sweep_dir, failed=True)` before it."""
+    prints `sweep_hint(**SweepHint.sweep, failed=True)` before it."""
 
-    sweep_dir: str | None = None  # the running sweep's folder, set when it starts
+    sweep: ClassVar[dict[str, str | None]] = {}  # the running sweep's sweep_hint arguments, set when it starts
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        SweepHint.sweep_dir = str(config.hydra.sweep.dir)
+        experiment = config.hydra.runtime.choices.get("experiment")
+        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "experiment": experiment}
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        print(sweep_hint(str(config.hydra.sweep.dir)), file=sys.stderr)
+        print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
 
 
-def sweep_hint(sweep_dir: str, failed: bool = False) -> str:
+def sweep_hint(sweep_dir: str, experiment: str | None = None, failed: bool = False) -> str:
+    """The folder and the report command; a paper's recipe (`vaswani_a_cpu` is `vaswani_a` CPU-sized) gets
+    the report's `--paper` section too."""
+    from analysis.papers import PAPERS
+
     done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
-    return f"{done}: {sweep_dir}\n  report: python scripts/ablation_report.py {shlex.quote(sweep_dir)}"
+    paper = (experiment or "").removesuffix("_cpu")
+    report = f"python scripts/ablation_report.py {shlex.quote(sweep_dir)}"
+    if paper in PAPERS:
+        report += f" --paper {paper}"
+    return f"{done}: {sweep_dir}\n  report: {report}"
 
 
 def help_text(config_dir: Path) -> str:

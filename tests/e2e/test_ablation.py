@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -171,8 +172,11 @@ def test_a_paper_recipe_runs_end_to_end_into_its_report(tiny_run_overrides, tmp_
     done = run_cli([*args, grid], env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["h1_s0", "h1_s1", "h4_s0", "h4_s1"]
+    # the closing hint names the paper section, so the command as printed is the one to paste
+    hint = done.stderr.strip().splitlines()[-1]
+    assert hint == f"  report: python scripts/ablation_report.py {sweep} --paper vaswani_a", hint
     out = tmp_path / "report"
-    done = run_cli(["scripts/ablation_report.py", str(sweep), "--out", str(out), "--paper", "vaswani_a"])
+    done = run_cli([*shlex.split(hint.removeprefix("  report: python ")), "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     report = (out / "ablation.md").read_text()
     assert "Swept keys (every config value that differs across the runs): model.n_head." in report
