@@ -31,6 +31,14 @@ def compose_config(overrides: list[str]):
     return compose_configs(overrides)
 
 
+def run_train(overrides: list[str]) -> dict:
+    """`python train.py OVERRIDES` in this process: the real configs composed, validated, then train()."""
+    from cli.config import to_train_config
+    from training.trainer import train
+
+    return train(to_train_config(compose_config(overrides)))
+
+
 def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """`python ARGS` from the repository root (or cwd), as a user's shell would run it; output captured."""
     return subprocess.run(

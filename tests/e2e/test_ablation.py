@@ -12,18 +12,12 @@ import pytest
 
 import training.trainer
 from analysis.sweep import CRASHED
-from cli.config import to_train_config
 from scripts.ablation_report import write_report
-from tests.helpers import compose_config, hand_count, run_cli
+from tests.helpers import hand_count, run_cli, run_train
 from training import fairness
 from training.fairness import steps_for_flops, steps_for_time
-from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_train(overrides: list[str]) -> dict:
-    return train(to_train_config(compose_config(overrides)))
 
 
 def read_json(path: Path) -> dict:

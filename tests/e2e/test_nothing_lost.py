@@ -19,13 +19,9 @@ import torch
 
 from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
-from tests.helpers import ROOT, compose_config, run_cli
+from tests.helpers import ROOT, compose_config, run_cli, run_train
 from training.run_dir import RunLock
 from training.trainer import train
-
-
-def run_train(overrides: list[str]) -> dict:
-    return train(to_train_config(compose_config(overrides)))
 
 
 def checksums(directory: Path) -> dict[str, str]:

@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 
 import training.trainer
-from cli.config import to_train_config
-from tests.helpers import compose_config
+from tests.helpers import run_train
 from training.checkpoint import load_checkpoint
 from training.guards import RunInterrupted, StopSignals
 from training.run_dir import CheckpointDir
-from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 # Dropout makes the losses depend on the torch RNG stream too, not just weights and batches.
@@ -28,10 +26,6 @@ EXACT = ["max_steps=20", "eval_interval=4", "log_interval=1", "model.dropout=0.1
 @pytest.fixture
 def run_overrides(shared_corpus_overrides, tmp_path) -> list[str]:
     return [*shared_corpus_overrides, *EXACT, f"out_dir={tmp_path / 'run'}"]
-
-
-def run_train(overrides: list[str]) -> dict:
-    return train(to_train_config(compose_config(overrides)))
 
 
 def logged(out_dir: Path, key: str = "train/loss") -> dict[int, float]:

@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 
 from analysis.trained import load_model
-from cli.config import to_train_config
-from tests.helpers import compose_config
+from tests.helpers import run_train
 from training.checkpoint import load_checkpoint
-from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_train(overrides: list[str]) -> dict:
-    return train(to_train_config(compose_config(overrides)))
 
 
 def test_tiny_run_learns_and_writes_metrics_and_checkpoints(tiny_run_overrides, tmp_path):
