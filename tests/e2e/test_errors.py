@@ -14,18 +14,13 @@ import numpy as np
 import pytest
 
 import training.checkpoint
+import training.runtime
 from analysis.trained import load_model
-from cli.config import to_train_config
 from model.gpt import GPT
-from tests.helpers import compose_config
+from tests.helpers import run_train
 from training.checkpoint import load_checkpoint, save_checkpoint
-from training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_train(overrides: list[str]) -> dict:
-    return train(to_train_config(compose_config(overrides)))
 
 
 def one_line(excinfo: pytest.ExceptionInfo) -> str:
@@ -68,7 +63,7 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("batch_size=0", r"batch_size=0 is invalid"),
         ("precision=fp8", r"precision='fp8' is unknown"),
         # a CPU has no fp16 kernels: the matmul peak probe alone took 11 minutes, then a step ~20 s
-        ("device=cpu precision=fp16", r"precision=fp16 has no fast kernels on a CPU .*use precision=auto"),
+        ("device=cpu precision=fp16", r"precision=fp16 has no fast kernels on a CPU; .*: use auto \("),
         ("+model.nhead=4", r"unknown config key model.nhead \(did you mean model.n_head\?\)"),
         ("seed=-1", r"seed=-1 is invalid; it must be an integer in \[0, 2\*\*63\)"),
         ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
@@ -100,6 +95,15 @@ def test_bad_config_values(run, tmp_path, override, message):
     with pytest.raises(ValueError, match=message) as info:
         run_train([*run, *override.split()])
     one_line(info)
+    assert not (tmp_path / "run").exists()
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_refused_before_any_work(run, tmp_path, monkeypatch):
+    # Defect: on an AVX2-only CPU the MFU probe ran at 0.001 TFLOP/s for minutes, then each step took ~60x
+    # fp32's, with nothing to say why.
+    monkeypatch.setattr(training.runtime, "cpu_supports_bf16", lambda: False)
+    with pytest.raises(ValueError, match=r"precision=bf16 has no fast kernels on this CPU .*use auto \(fp32"):
+        run_train([*run, "device=cpu", "precision=bf16"])
     assert not (tmp_path / "run").exists()
 
 
