@@ -186,7 +186,7 @@ def load_hf_gpt2(hf_dir: Path) -> "GPT2LMHeadModel":
     hf_logging.set_verbosity_error()
     try:
         # mismatched sizes come back in the loading info (named below) instead of a RuntimeError that points
-        # at the report
+        # at the report; missing weights would otherwise start from random values, with a warning only
         hf, info = GPT2LMHeadModel.from_pretrained(
             hf_dir, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True
         )
@@ -201,6 +201,9 @@ def load_hf_gpt2(hf_dir: Path) -> "GPT2LMHeadModel":
             f"{str(hf_dir)!r}: its weights do not fit its config.json: {name} has shape {tuple(stored)}, "
             f"the config gives {tuple(wanted)}"
         )
+    if info["missing_keys"]:
+        missing = ", ".join(sorted(info["missing_keys"]))
+        raise ValueError(f"{str(hf_dir)!r}: its weights lack {missing}, which the model needs")
     return hf.float()
 
 

@@ -416,3 +416,20 @@ def test_import_names_a_config_json_that_does_not_build_the_model_in_one_line(tm
     line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
     assert re.fullmatch(rf"error: '.*odd'.* {named}", line), line
     assert snapshot(tmp_path) == before
+
+
+def test_import_refuses_weights_that_lack_a_tensor_instead_of_starting_it_at_random(tmp_path, capsys):
+    # transformers filled the missing tensor with random values, warned, and a checkpoint was written
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = tmp_path / "partial"
+    random_hf().save_pretrained(hf_dir)
+    weights = load_file(hf_dir / "model.safetensors")
+    del weights["transformer.ln_f.weight"]
+    save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    before = snapshot(tmp_path)
+    line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
+    assert re.fullmatch(r"error: '.*partial': its weights lack transformer.ln_f.weight, which the model needs", line), (
+        line
+    )
+    assert snapshot(tmp_path) == before
