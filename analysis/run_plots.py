@@ -48,6 +48,8 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
     """{step: merged record} from RUN/metrics.jsonl; FileNotFoundError if the run has none, ValueError
     naming it if it cannot be read."""
     path = Path(run_dir) / METRICS
+    if Path(run_dir).is_file():  # a checkpoint or a metrics file given for its run
+        raise FileNotFoundError(f"{str(run_dir)!r} is a file; give the run directory that holds {METRICS}")
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (it has no {METRICS})")
     try:
@@ -91,8 +93,8 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path) -> Path:
     run_dirs = [Path(p) for p in run_dirs]
     if not run_dirs:
         raise ValueError("no run directories given")
-    path = image_path(Path(out_path))
     runs = [read_metrics(p) for p in run_dirs]  # all read before anything is drawn or written
+    path = image_path(Path(out_path))  # after: a file given as the run is named as such, not as its RUN/plots.png
     labels = run_labels(run_dirs)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), squeeze=False, layout="constrained")
     colors = plt.cm.tab10.colors

@@ -26,6 +26,7 @@ from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, 
 from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, sweep_plans, varying_keys
 from cli.schema_help import OneLineParser
+from training.run_files import RUN_INFO
 
 log = logging.getLogger("ablation_report")
 REPORT, INTERVALS, DIFFERENCES = "ablation.md", "val_loss_intervals.png", "val_loss_differences.png"
@@ -61,6 +62,11 @@ def write_report(
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir or sweep_dir)
     # Everything is read and checked before the first file is written.
+    if (sweep_dir / RUN_INFO).is_file() or (sweep_dir / ".hydra" / "config.yaml").is_file():
+        raise ValueError(
+            f"{str(sweep_dir)!r} is one run's directory; the report compares runs: give the folder that holds "
+            "the runs (a sweep's multirun/DATE/TIME, or a folder of run directories)"
+        )
     runs = find_runs(sweep_dir)
     check_out_dir(out_dir)
     keys = varying_keys(runs)

@@ -21,6 +21,7 @@ import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import safetensors
 
@@ -35,6 +36,9 @@ from model import GPT
 from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
 from model.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
 from training.checkpoint import looks_like_pickle, save_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
 
@@ -166,6 +170,43 @@ def check_safetensors_weights(hf_dir: Path) -> None:
     )
 
 
+def load_hf_gpt2(hf_dir: Path) -> "GPT2LMHeadModel":
+    """hf_dir's GPT2LMHeadModel in float32; ValueError (one line) for a config.json that does not build one
+    or weights that do not fit it. transformers' own load report is kept quiet: this names the problem."""
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    try:
+        config = json.loads((hf_dir / "config.json").read_bytes())
+    except ValueError:  # not JSON, or not UTF-8
+        config = None
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(hf_dir)!r}: its config.json is not a JSON object")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        # mismatched sizes come back in the loading info (named below) instead of a RuntimeError that points
+        # at the report; missing weights would otherwise start from random values, with a warning only
+        hf, info = GPT2LMHeadModel.from_pretrained(
+            hf_dir, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except Exception as e:  # a field of the wrong type or value: TypeError, ValueError, huggingface_hub's own
+        msg = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__  # its cause on line 2
+        raise ValueError(f"{str(hf_dir)!r} does not load as a GPT-2 model ({msg})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info["mismatched_keys"]:
+        name, stored, wanted = sorted(info["mismatched_keys"])[0]
+        raise ValueError(
+            f"{str(hf_dir)!r}: its weights do not fit its config.json: {name} has shape {tuple(stored)}, "
+            f"the config gives {tuple(wanted)}"
+        )
+    if info["missing_keys"]:
+        missing = ", ".join(sorted(info["missing_keys"]))
+        raise ValueError(f"{str(hf_dir)!r}: its weights lack {missing}, which the model needs")
+    return hf.float()
+
+
 def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -> tuple[GPT, Path]:
     """A local GPT-2 directory -> our GPT and a checkpoint file with the GPT-2 tokenizer in its header."""
     hf_dir, checkpoint = Path(hf_dir), Path(checkpoint)
@@ -174,10 +215,7 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
         raise FileNotFoundError(f"{str(hf_dir)!r} is not a Hugging Face model directory (it has no config.json)")
     check_safetensors_weights(hf_dir)
     require_transformers()
-    from transformers import GPT2LMHeadModel
-
-    hf = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True, use_safetensors=True).float()
-    model = from_hf_gpt2(hf)
+    model = from_hf_gpt2(load_hf_gpt2(hf_dir))
     tokenizer = read_own_tokenizer(hf_dir) or GPT2_TOKENIZER_META  # our own exports come back as they left
     meta = {
         "step": 0,

@@ -83,6 +83,15 @@ def test_bad_reference_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_one_runs_directory_is_refused_rather_than_reported_as_a_sweep_of_no_keys(tmp_path):
+    # `ablation_report.py outputs/latest` wrote "1 runs in 1 cells over []" and four files into the run
+    run = write_fake_run(tmp_path / "run", config(0, "a"), 1.4)
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(ValueError, match=r"'.*run' is one run's directory; .* give the folder that holds the runs"):
+        write_report(run)
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
 def test_seeds_of_one_cell_that_differ_in_size_are_refused(tmp_path):
     write_fake_run(tmp_path / "a", config(0, "a"), 1.4, params=1000)
     write_fake_run(tmp_path / "b", config(1, "b"), 1.6, params=2000)

@@ -392,3 +392,45 @@ def test_import_says_how_many_parameters_it_wrote_as_training_does(tmp_path, cap
     params = load_model(tmp_path / "back.safetensors")[0].num_params()
     assert 0 < params < 100_000
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"({params / 1e6:.2f}M parameters)")
+
+
+@pytest.mark.parametrize(
+    "config_json,named",
+    [
+        ("[1, 2]", r"config.json is not a JSON object"),
+        ('{"model_type": "gpt2", "n_embd": "wide"}', r"does not load as a GPT-2 model \(.*n_embd.*expected int.*\)"),
+        (
+            '{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4}',
+            r"its weights do not fit its config.json: .+ has shape .+, the config gives .+",
+        ),
+    ],
+    ids=["not an object", "a field of the wrong type", "sizes the weights do not have"],
+)
+def test_import_names_a_config_json_that_does_not_build_the_model_in_one_line(tmp_path, capsys, config_json, named):
+    # each was a transformers traceback (TypeError, StrictDataclassFieldValidationError, RuntimeError)
+    hf_dir = tmp_path / "odd"
+    random_hf().save_pretrained(hf_dir)
+    if config_json.startswith("{"):  # the saved config with these fields changed
+        config_json = json.dumps(json.loads((hf_dir / "config.json").read_text()) | json.loads(config_json))
+    (hf_dir / "config.json").write_text(config_json)
+    before = snapshot(tmp_path)
+    line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
+    assert re.fullmatch(rf"error: '.*odd'.* {named}", line), line
+    assert snapshot(tmp_path) == before
+
+
+def test_import_refuses_weights_that_lack_a_tensor_instead_of_starting_it_at_random(tmp_path, capsys):
+    # transformers filled the missing tensor with random values, warned, and a checkpoint was written
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = tmp_path / "partial"
+    random_hf().save_pretrained(hf_dir)
+    weights = load_file(hf_dir / "model.safetensors")
+    del weights["transformer.ln_f.weight"]
+    save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    before = snapshot(tmp_path)
+    line = convert_error(["import", str(hf_dir), str(tmp_path / "x.safetensors")], capsys)
+    assert re.fullmatch(r"error: '.*partial': its weights lack transformer.ln_f.weight, which the model needs", line), (
+        line
+    )
+    assert snapshot(tmp_path) == before

@@ -72,6 +72,8 @@ def test_cli_writes_into_the_run_by_default_and_says_where(tmp_path, capsys):
     [
         (["TMP/empty"], r"^error: '.*empty' is not a run directory \(it has no metrics.jsonl\)$"),
         (["TMP/run", "TMP/nowhere"], r"^error: '.*nowhere' is not a run directory"),
+        # was "--out 'TMP/notes.txt/plots.png' cannot be written", an --out never given
+        (["TMP/notes.txt"], r"^error: '.*notes.txt' is a file; give the run directory that holds metrics.jsonl$"),
         (["TMP/run", "--out", "TMP/empty"], r"^error: --out '.*empty' is a directory; give a file path"),
         (["TMP/run", "--out", "TMP/notes.txt/p.png"], r"^error: --out '.*p.png' cannot be written: '.*notes.txt' is a"),
         (["TMP/run", "--out", "TMP/p.docx"], r"^error: --out '.*p.docx' has suffix '.docx'"),
