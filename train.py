@@ -108,6 +108,7 @@ if __name__ == "__main__":
     if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help stays under --hydra-help
         print(cli.help_text(Path(__file__).parent / "configs"))
         sys.exit(0)
+    sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
     sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
     try:

@@ -3,6 +3,7 @@ header, log lines that never glue onto the progress bar), the closing lines that
 and how to sample from it or continue it, and the sweep's closing hint.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,28 @@ from training.distributed import DistInfo
 from training.run_dir import BEST, CheckpointDir, RunDirInUse
 
 OUTPUTS = Path("outputs")
+
+
+class ConsoleStream:
+    """sys.stdout / sys.stderr of a run: what it cannot write once the console's reader is gone is dropped,
+    not raised. `python train.py 2>&1 | tee log` then Ctrl-C kills tee too, and the progress bar's next
+    write (EPIPE) would end the run before its save; train.log and metrics.jsonl keep the record."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ... as the stream has them
+        return getattr(self.stream, name)
 
 
 class TqdmHandler(logging.Handler):

@@ -214,3 +214,21 @@ def test_a_second_ctrl_c_names_the_checkpoint_to_continue_from(shared_corpus_ove
     assert proc.returncode == 130 and output.rstrip().endswith("interrupted"), output[-2000:]
     newest = CheckpointDir(out_dir / "checkpoints").latest()
     assert f"interrupted before a save; continue from {newest} with: python train.py out_dir={out_dir} " in output
+
+
+def test_ctrl_c_through_a_pipe_whose_reader_it_also_killed_still_saves(shared_corpus_overrides, tmp_path):
+    # Defect: `python train.py 2>&1 | tee log` then Ctrl-C: tee dies too, the progress bar's next write
+    # raised BrokenPipeError, and the run exited 1 before its save (the error line itself lost).
+    out_dir = tmp_path / "run"
+    every_step = ["max_steps=10000", "eval_interval=1000", "log_interval=1", "sample_tokens=0", "logger=none"]
+    args = [sys.executable, "train.py", *shared_corpus_overrides, *every_step, "progress=true", f"out_dir={out_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_step(proc, out_dir, 2)
+    proc.stdout.close()  # the pipe's reader is gone, as tee is after the same Ctrl-C
+    time.sleep(0.5)  # steps go on meanwhile, each writing the bar into the dead pipe
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    stopped = max(logged(out_dir))
+    assert proc.returncode == 130
+    assert (out_dir / "checkpoints" / f"step_{stopped:07d}.safetensors").is_file()
