@@ -69,4 +69,6 @@ def load_trained(source: str | Path, device: torch.device | str = "cpu", cache_d
         tokenizer = tokenizer_from_meta(tokenizer_meta, cache_dir or saved_cache_dir)
     except (TypeError, KeyError, AttributeError) as e:  # a header that parses but does not fit the schema
         raise ValueError(f"checkpoint {str(path)!r} has a malformed tokenizer ({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise ValueError(f"checkpoint {str(path)!r}: {e}") from None
     return Trained(model, tokenizer, path, ckpt.meta)

@@ -54,7 +54,8 @@ class CharTokenizer(Tokenizer):
     """One id per character of `chars` (sorted), then the EOT id = len(chars)."""
 
     def __init__(self, chars: str):
-        assert list(chars) == sorted(set(chars)), "chars must be sorted and unique"
+        if list(chars) != sorted(set(chars)):  # a checkpoint's header may hold anything
+            raise ValueError("a char tokenizer's chars must be sorted and unique")
         self.name = "char"
         self.chars = chars
         self.eot_id = len(chars)

@@ -34,12 +34,11 @@ from analysis.head_importance import (
     uniform_entropy,
 )
 from analysis.outputs import check_out_dir, check_replaceable
-from analysis.trained import find_checkpoint, load_model
+from analysis.trained import Trained, load_trained
 from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
-from data.tokenizer import tokenizer_from_meta
 from training.runtime import resolve_device
 
 log = logging.getLogger("head_importance")
@@ -74,21 +73,28 @@ def read_text_file(text: Path) -> str:
         raise ValueError(f"--text {str(text)!r} is not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
 
 
-def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None) -> list[tuple]:
+def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple]:
     """Fixed (inputs, targets) batches of about `tokens` tokens: --text's consecutive windows or val windows."""
+    block_size = trained.model.config.block_size
     check_tokens(tokens, block_size, text)
     if text is not None:
         content = read_text_file(text)
-        tokenizer = tokenizer_from_meta(ckpt_meta["tokenizer"], ckpt_meta["config"]["data"].get("cache_dir", ""))
-        ids = torch.tensor(tokenizer.encode(content))
+        ids = torch.tensor(trained.tokenizer.encode(content))
         n = min(len(ids) - 1, tokens) // block_size
         if n < 1:
             raise ValueError(f"--text {str(text)!r} has {len(ids)} tokens; it needs more than block_size={block_size}")
         windows = torch.stack([ids[i * block_size : (i + 1) * block_size + 1] for i in range(n)])  # (n, T+1)
         return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
-    data = prepare(DataConfig(**ckpt_meta["config"]["data"]), progress=False)
+    try:
+        data_cfg = DataConfig(**trained.meta["config"]["data"])
+    except (TypeError, KeyError) as e:  # a header that parses but does not fit the schema
+        raise ValueError(
+            f"checkpoint {str(trained.path)!r} has no usable data config in its header ({type(e).__name__}: {e}); "
+            "give --text FILE to measure on a text of your own"
+        ) from None
+    data = prepare(data_cfg, progress=False)
     prepared = data.tokenizer_meta
-    if prepared != ckpt_meta["tokenizer"]:  # both read from JSON: the rule training/resume.py applies
+    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule training/resume.py applies
         # the same ids would mean other tokens: the numbers would be wrong, not an error
         raise ValueError(
             f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
@@ -98,18 +104,18 @@ def val_windows(ckpt_meta: dict, tokens: int, block_size: int, text: Path | None
     return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
 
 
-def analyse(checkpoint: Path, tokens: int, device: torch.device, text: Path | None) -> dict:
+def analyse(target: Path, tokens: int, device: torch.device, text: Path | None) -> dict:
     """Every measurement, as plain lists (layer-major), with what was measured on."""
-    model, ckpt = load_model(checkpoint, device)
-    c = model.config
-    batches = val_windows(ckpt.meta, tokens, c.block_size, text)
+    trained = load_trained(target, device)
+    model, c = trained.model, trained.model.config
+    batches = val_windows(trained, tokens, text)
     base, delta = single_head_effects(model, batches)
     raw, importance = gradient_importance(model, batches)
     stats = attention_stats(model, [row for x, _ in batches for row in x][:STATS_WINDOWS])
     curve = pruning_curve(model, batches, importance)
     return {
-        "checkpoint": str(checkpoint),
-        "step": ckpt.meta.get("step"),
+        "checkpoint": str(trained.path),
+        "step": trained.meta.get("step"),
         "shape": {"n_layer": c.n_layer, "n_head": c.n_head, "d_k": c.head_dim, "n_kv_head": c.kv_heads},
         "tokens": sum(x.numel() for x, _ in batches),
         "block_size": c.block_size,
@@ -230,7 +236,7 @@ def write_head_importance(
     check_out_dir(out)
     for name in OUTPUTS:  # before measuring: a second run must not replace the first's report unasked
         check_replaceable(out / name, force)
-    results = analyse(find_checkpoint(target), tokens, resolve_device(device), text)
+    results = analyse(target, tokens, resolve_device(device), text)
     out.mkdir(parents=True, exist_ok=True)
     (out / OUTPUTS[0]).write_text(json.dumps(results, indent=1) + "\n")
     plot_heatmaps(results, out / OUTPUTS[1])

@@ -6,17 +6,15 @@ import re
 import pytest
 
 from analysis.trained import load_model
-from cli.config import to_train_config
 from scripts.head_importance import write_head_importance
-from tests.helpers import ROOT, compose_config, run_cli
+from tests.helpers import ROOT, run_cli, run_train
 from training.checkpoint import save_checkpoint
-from training.trainer import train
 
 
 @pytest.fixture(scope="module")
 def tiny_run(shared_corpus_overrides, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    train(to_train_config(compose_config([*shared_corpus_overrides, f"out_dir={out}", "sample_tokens=0"])))
+    run_train([*shared_corpus_overrides, f"out_dir={out}", "sample_tokens=0"])
     return out
 
 
@@ -80,8 +78,20 @@ def test_a_checkpoint_whose_tokenizer_is_not_its_data_configs_is_refused(tiny_ru
     # characters behind the same ids gave wrong numbers silently (a larger vocabulary, an IndexError)
     model, ckpt = load_model(tiny_run / "checkpoints" / "best.safetensors")
     chars = ckpt.meta["tokenizer"]["chars"]
-    meta = {**ckpt.meta, "tokenizer": {**ckpt.meta["tokenizer"], "chars": chars[::-1]}}
+    meta = {**ckpt.meta, "tokenizer": {**ckpt.meta["tokenizer"], "chars": chars[:-1] + "😀"}}  # still sorted
     other = save_checkpoint(tmp_path / "other.safetensors", model, None, meta)
     with pytest.raises(ValueError, match=r"tokenizer differs from the one its data config prepares .* give --text"):
         write_head_importance(other, tmp_path / "hi", tokens=256, device="cpu")
+    assert not (tmp_path / "hi").exists()
+
+
+@pytest.mark.parametrize("data", ["shakespeare", {"tokenizer": "char", "vocab": 7}])
+def test_a_header_whose_data_config_does_not_build_is_one_line(tiny_run, tmp_path, data):
+    # Defect: config.data as a string (or with a field DataConfig lacks) under a digest that holds was a
+    # TypeError traceback
+    model, ckpt = load_model(tiny_run / "checkpoints" / "best.safetensors")
+    meta = {**ckpt.meta, "config": {**ckpt.meta["config"], "data": data}}
+    odd = save_checkpoint(tmp_path / "odd.safetensors", model, None, meta)
+    with pytest.raises(ValueError, match=r"odd.safetensors' has no usable data config in its header .* give --text"):
+        write_head_importance(odd, tmp_path / "hi", tokens=256, device="cpu")
     assert not (tmp_path / "hi").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.trained import find_checkpoint
+from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import show_default
 from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
@@ -234,6 +234,16 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
     paths["corrupt"].write_bytes(good.read_bytes()[:100])
     torch.save({"weights": torch.zeros(2)}, paths["pickle"])
     paths["malformed"] = tiny_checkpoint(tmp_path / "malformed.safetensors", n_heads=3)  # not a GPTConfig field
+    model, ckpt = load_model(good)
+    for name, tokenizer in [
+        ("bpe_no_spec", {"name": "bpe"}),
+        ("tok_str", "char"),
+        ("chars_int", {"name": "char", "chars": 5}),
+        ("chars_unsorted", {"name": "char", "chars": "ba"}),  # an AssertionError traceback before
+    ]:
+        paths[name] = save_checkpoint(
+            tmp_path / f"{name}.safetensors", model, None, ckpt.meta | {"tokenizer": tokenizer}
+        )
     (tmp_path / "empty_run").mkdir()
     paths["empty_run"] = tmp_path / "empty_run"
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
@@ -276,6 +286,11 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["corrupt", "x"], "is corrupt or not a safetensors file"),
         (["pickle", "x"], "is a pickle/torch.save file; only attnlab safetensors load"),
         (["malformed", "x"], r"has a model config this code cannot build \(GPTConfig"),
+        # Defect: a header whose digest holds but whose tokenizer entry is malformed gave a KeyError traceback
+        (["bpe_no_spec", "x"], r"bpe_no_spec.safetensors' has a malformed tokenizer \(KeyError: 'spec'\)"),
+        (["tok_str", "x"], r"tok_str.safetensors' has no tokenizer in its header"),
+        (["chars_int", "x"], r"chars_int.safetensors' has a malformed tokenizer \(TypeError"),
+        (["chars_unsorted", "x"], r"chars_unsorted.safetensors': a char tokenizer's chars must be sorted and unique"),
         (["empty_run", "x"], "holds no checkpoint"),
     ],
 )
