@@ -109,9 +109,9 @@ if __name__ == "__main__":
         print(cli.help_text(Path(__file__).parent / "configs"))
         sys.exit(0)
     sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
-    sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
     try:
+        sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
         main()
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
         fail(f"error: {composition_error(e)}")

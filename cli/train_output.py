@@ -303,9 +303,15 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
     refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
     own (their clocks would name other `outputs/DATE/TIME`s); `train` gives them rank 0's run directory.
-    They log through train.py's own handler only: a Hydra one beside it would print each warning twice."""
+    They log through train.py's own handler only: a Hydra one beside it would print each warning twice.
+    `out_dir=` with `-m` is refused: Hydra gives each job its own folder, so it would be dropped unsaid."""
     program, *args = argv
     multirun = [arg for arg in args if arg in ("-m", "--multirun")]
+    if multirun and (given := [arg for arg in args if override_key(arg) == "out_dir"]):  # before any folder
+        raise ValueError(
+            f"{given[0]} does not apply to a sweep (-m): each job writes to its own folder under hydra.sweep.dir; "
+            f"give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
+        )
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:
         return argv

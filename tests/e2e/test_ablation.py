@@ -193,3 +193,16 @@ def test_a_sweep_with_a_failed_job_still_ends_with_its_folder_and_the_report_com
         "error: model.d_model (32) must be divisible by model.n_head (3) when model.d_k is not set",
     ]
     assert (sweep / "0" / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_out_dir_given_to_a_sweep_is_refused_before_any_folder(tmp_path):
+    # Defect: `train.py -m out_dir=X ...` dropped out_dir without a word; the jobs went to multirun/DATE/TIME.
+    out = tmp_path / "mine"
+    done = run_cli([str(ROOT / "train.py"), "-m", "+debug=tiny", f"out_dir={out}", "model.n_head=1,2"], cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines == [
+        f"error: out_dir={out} does not apply to a sweep (-m): each job writes to its own folder under "
+        f"hydra.sweep.dir; give hydra.sweep.dir={out} instead"
+    ]
+    assert list(tmp_path.iterdir()) == []
