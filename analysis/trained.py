@@ -47,6 +47,13 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GP
     return model.to(device).eval(), ckpt
 
 
+def saved_cache_dir(meta: dict[str, Any]) -> str:
+    """The data cache the run that wrote this header used ("" for the default, or a header without one)."""
+    config = meta.get("config")
+    data = config.get("data") if isinstance(config, dict) else None
+    return str(data.get("cache_dir", "")) if isinstance(data, dict) else ""
+
+
 @dataclass
 class Trained:
     model: GPT  # in eval mode
@@ -63,10 +70,8 @@ def load_trained(source: str | Path, device: torch.device | str = "cpu", cache_d
     tokenizer_meta = ckpt.meta.get("tokenizer")
     if not isinstance(tokenizer_meta, dict):
         raise ValueError(f"checkpoint {str(path)!r} has no tokenizer in its header")
-    data_cfg = ckpt.meta["config"].get("data")
-    saved_cache_dir = data_cfg.get("cache_dir", "") if isinstance(data_cfg, dict) else ""
     try:
-        tokenizer = tokenizer_from_meta(tokenizer_meta, cache_dir or saved_cache_dir)
+        tokenizer = tokenizer_from_meta(tokenizer_meta, cache_dir or saved_cache_dir(ckpt.meta))
     except (TypeError, KeyError, AttributeError) as e:  # a header that parses but does not fit the schema
         raise ValueError(f"checkpoint {str(path)!r} has a malformed tokenizer ({type(e).__name__}: {e})") from None
     except ValueError as e:

@@ -28,7 +28,7 @@ import safetensors
 if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.trained import find_checkpoint, load_model
+from analysis.trained import find_checkpoint, load_model, saved_cache_dir
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
@@ -106,7 +106,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
     tokenizer_meta = ckpt.meta.get("tokenizer")
     if not isinstance(tokenizer_meta, dict):
         raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
-    ranks = gpt2_ranks(tokenizer_meta, ckpt.meta.get("config", {}).get("data", {}).get("cache_dir", ""))
+    ranks = gpt2_ranks(tokenizer_meta, saved_cache_dir(ckpt.meta))
     hf = to_hf_gpt2(model, eos_token_id=eot_id(tokenizer_meta))
     staged = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:

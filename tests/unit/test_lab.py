@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis.head_mask import gates_without, head_gates
-from analysis.trained import find_checkpoint
+from analysis.trained import find_checkpoint, saved_cache_dir
 from data.tokenizer import CharTokenizer
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
@@ -99,6 +99,14 @@ def test_prompt_loss_and_top_tokens_check_their_input(session):
         prompt_loss(model, session.encode("a"))
     top = next_token_top(model, session.encode("the"), k=5)
     assert len(top) == 5 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
+
+
+@pytest.mark.parametrize(
+    "meta,cache_dir",
+    [({"config": {"data": {"cache_dir": "/c"}}}, "/c"), ({"config": {"data": "shakespeare"}}, ""), ({}, "")],
+)
+def test_the_saved_cache_dir_of_any_header(meta, cache_dir):
+    assert saved_cache_dir(meta) == cache_dir  # a malformed header falls back to the default cache
 
 
 def test_find_checkpoint_prefers_best_then_the_newest_step(tmp_path, run_dir):
