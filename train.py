@@ -31,10 +31,11 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
 
     from cli import train_output as cli
     from cli.config import composition_error, register_configs, to_train_config
+    from rundir.records import log_to_file
+    from studies.fairness import resolve_budget
     from training import distributed
-    from training.guards import RunInterrupted
-    from training.loggers import log_to_file
-    from training.trainer import train
+    from training.runtime import RunInterrupted
+    from training.setup import train
 
 log = logging.getLogger("train")
 USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
@@ -73,6 +74,7 @@ def main(cfg: DictConfig) -> float | None:
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
             raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides)
+        resolve_budget(train_cfg)  # a study's iso_flop / iso_time budget becomes max_steps, before the run
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))

@@ -3,11 +3,7 @@ bad path is one line, nothing written, and an existing file is replaced only whe
 
 from pathlib import Path
 
-
-def file_above(path: Path) -> Path | None:
-    """The nearest existing ancestor of `path` when it is not a directory (nothing can be made under it)."""
-    parent = next((p for p in path.parents if p.exists()), None)
-    return parent if parent is not None and not parent.is_dir() else None
+from rundir.files import file_above
 
 
 def check_out_dir(out: Path, flag: str = "--out") -> None:

@@ -163,7 +163,7 @@ def markdown_report(
         f"# Ablation: {root.name}",
         "",
         f"Swept keys (every config value that differs across the runs): {', '.join(keys) or 'none'}. "
-        f"Each row aggregates over seeds only. Fairness: {', '.join(modes) or 'unknown'} (training/fairness.py).",
+        f"Each row aggregates over seeds only. Fairness: {', '.join(modes) or 'unknown'} (studies/fairness.py).",
         "",
         f"Loss and bits/byte are final validation values: mean [{pct} t-interval over seeds]. "
         f"Δ is the paired difference against the reference ({reference.label() if reference else '—'}) over "

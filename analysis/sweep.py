@@ -22,7 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.run_files import METRICS, RUN_INFO, SUMMARY
+from rundir.files import METRICS, RUN_INFO, SUMMARY
+from rundir.records import flatten
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
@@ -78,17 +79,6 @@ class Cell:
 
     def label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "all runs"
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"n_head": 4}} -> {"model.n_head": 4}; lists become tuples so values can be compared."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
-    return flat
 
 
 def read_object(path: Path) -> dict[str, Any] | None:

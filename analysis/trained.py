@@ -9,27 +9,8 @@ import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from model import GPT, GPTConfig
-from training.checkpoint import Checkpoint, load_checkpoint, load_model_weights
-from training.run_dir import BEST, checkpoint_step
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A file as given; a run directory (or `outputs/latest`) means RUN/checkpoints/best.safetensors,
-    else its newest step checkpoint."""
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        if not path.is_file():
-            raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
-        return path
-    for folder in (path / "checkpoints", path):
-        if (folder / BEST).is_file():
-            return folder / BEST
-        steps = [p for p in folder.glob("step_*.safetensors") if checkpoint_step(p) is not None]
-        if steps:
-            return max(steps, key=lambda p: checkpoint_step(p) or -1)
-    raise FileNotFoundError(
-        f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
-    )
+from rundir.checkpoint import Checkpoint, load_checkpoint, load_model_weights
+from rundir.checkpoints import find_checkpoint
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, Checkpoint]:

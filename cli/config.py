@@ -1,6 +1,6 @@
-"""Hydra at the edge: the schema registered for `configs/`, Hydra's DictConfig turned into a validated
-TrainConfig (refusing keys no field reads), and a config Hydra cannot compose said in one line.
-training/ itself never imports Hydra."""
+"""Hydra at the edge: the schema registered for `configs/` (a run's TrainConfig with a study's settings on
+top: studies.fairness.StudyRunConfig), Hydra's DictConfig turned into that validated dataclass (refusing
+keys no field reads), and a config Hydra cannot compose said in one line. training/ never imports Hydra."""
 
 import contextlib
 import dataclasses
@@ -17,13 +17,15 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from rundir.records import flatten
+from studies.fairness import StudyRunConfig
 from training.config import TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    ConfigStore.instance().store(name="train_schema", node=StudyRunConfig)
     # A sweep job keeps Hydra's .hydra/ (the ablation report finds a job that failed at start-up by it);
     # a single run writes only its own RUN/config.yaml, and nothing before its checks pass.
     if not OmegaConf.has_resolver("job_subdir"):
@@ -39,8 +41,6 @@ def compose_configs(overrides: list[str], config_dir: Path = CONFIG_DIR) -> Dict
 
 def default_run_values(config_dir: Path = CONFIG_DIR) -> dict[str, object]:
     """{dotted key: value} of the config a bare `python train.py` runs (configs/*.yaml over the schema)."""
-    from analysis.sweep import flatten  # here: only --help needs it, not every run's start-up
-
     composed = OmegaConf.to_container(compose_configs([], config_dir), resolve=True, throw_on_missing=False)
     return flatten(composed)
 
@@ -71,7 +71,7 @@ def composition_error(e: Exception) -> str:
     cause = e.__cause__
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and getattr(cause, "full_key", None):
         *parents, key = str(cause.full_key).split(".")
-        schema = TrainConfig
+        schema = StudyRunConfig
         for parent in parents:  # the dataclass that lacks `key`
             schema = typing.get_type_hints(schema).get(parent, schema)
         prefix = "".join(f"{p}." for p in parents)
@@ -123,9 +123,9 @@ def group_options(message: str) -> list[str]:
 
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """Hydra's DictConfig (typed by the schema) -> the plain dataclass, validated."""
+    """Hydra's DictConfig (typed by the schema) -> the plain dataclass (a StudyRunConfig), validated."""
     if not isinstance(cfg, TrainConfig):
-        unknown = unknown_keys(cfg, TrainConfig)
+        unknown = unknown_keys(cfg, StudyRunConfig)
         if unknown:
             raise ValueError(unknown_key_error(unknown))
         cfg = OmegaConf.to_object(cfg)

@@ -19,11 +19,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from analysis.trained import find_checkpoint
 from cli.config import hydra_value, shell_quote
+from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
+from rundir.files import RunDirInUse
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.run_dir import BEST, CheckpointDir, RunDirInUse
 
 OUTPUTS = Path("outputs")
 
@@ -247,27 +247,26 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
 class SweepHint(Callback):
     """After a multirun: the sweep folder and the report command. Hydra calls `on_multirun_end` only when
     every job succeeded; when one failed it raises that job's error once all have run, and train.py
-    prints `sweep_hint(**SweepHint.sweep, failed=True)` before it."""
+    prints `sweep_hint(**SweepHint.sweep, failed=True)` before it. A paper's recipe names its report
+    section (`hydra.callbacks.sweep_hint.paper`), so the printed command is the one to paste."""
 
     sweep: ClassVar[dict[str, str | None]] = {}  # the running sweep's sweep_hint arguments, set when it starts
 
+    def __init__(self, paper: str | None = None) -> None:
+        self.paper = paper
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        experiment = config.hydra.runtime.choices.get("experiment")
-        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "experiment": experiment}
+        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper}
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
 
 
-def sweep_hint(sweep_dir: str, experiment: str | None = None, failed: bool = False) -> str:
-    """The folder and the report command; a paper's recipe (`vaswani_a_cpu` is `vaswani_a` CPU-sized) gets
-    the report's `--paper` section too."""
-    from analysis.papers import PAPERS
-
+def sweep_hint(sweep_dir: str, paper: str | None = None, failed: bool = False) -> str:
+    """The folder and the report command, with the `--paper` section a paper's recipe names."""
     done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
-    paper = (experiment or "").removesuffix("_cpu")
     report = f"python scripts/ablation_report.py {shlex.quote(sweep_dir)}"
-    if paper in PAPERS:
+    if paper:
         report += f" --paper {paper}"
     return f"{done}: {sweep_dir}\n  report: {report}"
 
@@ -278,7 +277,7 @@ def help_text(config_dir: Path) -> str:
     gives it (configs/*.yaml composed over the schema, as `--cfg job` shows: budget_s 270, not null)."""
     from cli.config import default_run_values
     from cli.schema_help import render_help
-    from training.config import TrainConfig
+    from studies.fairness import StudyRunConfig
 
     groups = sorted(d for d in config_dir.iterdir() if d.is_dir())
     lines = [
@@ -288,7 +287,7 @@ def help_text(config_dir: Path) -> str:
         *[f"  {g.name:<12}{', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups],
         "",
         "keys (KEY=VALUE), with the default run's values (configs/config.yaml):",
-        render_help(TrainConfig, defaults=default_run_values(config_dir)),
+        render_help(StudyRunConfig, defaults=default_run_values(config_dir)),
         "",
         "examples:",
         "  python train.py                             # the default model on Shakespeare, a few minutes on a CPU",

@@ -72,6 +72,10 @@ class PreparedData:
         """UTF-8 bytes of the val text, to turn loss per token into bits per byte."""
         return self.meta["val_bytes"]
 
+    def bits_per_byte(self, val_loss: float) -> float:
+        """A val loss in nats per token as bits per UTF-8 byte of the val text: comparable across tokenizers."""
+        return val_loss / math.log(2) * self.val_tokens / self.val_bytes
+
 
 def cache_key(cfg: DataConfig) -> dict:
     """Everything that determines the prepared tokens (and nothing about where they are cached)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import report, sweep
-from training.run_files import METRICS
+from rundir.files import METRICS
 
 CURVE_KEYS = ("train/loss", "val/loss")
 

@@ -14,9 +14,9 @@ import torch
 from analysis.attention import token_text
 from analysis.trained import load_trained
 from data import Tokenizer
+from generation.generate import encode_prompt
 from model import GPT
-from model.generate import encode_prompt
-from training.run_files import METRICS
+from rundir.files import METRICS
 from training.runtime import resolve_device
 
 

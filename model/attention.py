@@ -26,7 +26,7 @@ from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention
 from model.position import apply_rotary
 
-# Up to this key length `auto` takes the materialized kernel on a CPU. scripts/bench_attention.py
+# Up to this key length `auto` takes the materialized kernel on a CPU. bench/bench_attention.py
 # (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.2x faster than the fused kernel in bf16 and
 # 1.1-1.4x in fp32 for 64-512 keys, 1.1-1.2x at 1024, where its probabilities grow to tens of MB.
 MATERIALIZED_MAX_KEYS = 512

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model import generate as generation
 from model.block import Block, build_norm
 from model.config import GPTConfig
 from model.kv_cache import KVCache, token_positions
@@ -90,7 +89,7 @@ class GPT(nn.Module):
         logits for the last position only, (B, 1, vocab), which is all sampling needs.
 
         Learned positions end at block_size; sinusoidal and rotary ones take any length (how well a
-        model does past the context it was trained on is another matter: see model/generate.py).
+        model does past the context it was trained on is another matter: see generation/generate.py).
         """
         T = idx.shape[1]
         cached = cache.length if cache is not None else 0
@@ -180,7 +179,3 @@ class GPT(nn.Module):
         per_layer = 2 * c.d_model * qkv + 2 * hd * c.d_model + 2 * c.mlp_matrices * c.d_model * c.ff_dim + 4 * T * hd
         forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
         return 3 * forward
-
-    # Sampling lives in model/generate.py (prefill + KV-cached decode); these make it model.generate(...).
-    generate = generation.generate
-    stream = generation.stream

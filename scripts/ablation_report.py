@@ -26,7 +26,7 @@ from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, 
 from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, sweep_plans, varying_keys
 from cli.schema_help import OneLineParser
-from training.run_files import RUN_INFO
+from rundir.files import RUN_INFO
 
 log = logging.getLogger("ablation_report")
 REPORT, INTERVALS, DIFFERENCES = "ablation.md", "val_loss_intervals.png", "val_loss_differences.png"

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from analysis.attention import attention_maps, token_label, token_text
 from analysis.outputs import check_replaceable
-from analysis.run_plots import image_path
 from analysis.trained import load_trained
 from cli.schema_help import OneLineParser
-from model.generate import encode_prompt
+from generation.generate import encode_prompt
+from rundir.plots import image_path
 from training.runtime import resolve_device
 
 log = logging.getLogger("attention_map")

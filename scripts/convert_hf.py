@@ -32,10 +32,10 @@ from analysis.trained import find_checkpoint, load_model, saved_cache_dir
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
+from interop.hf_model import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
+from interop.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
 from model import GPT
-from model.hf_interop import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
-from model.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
-from training.checkpoint import looks_like_pickle, save_checkpoint
+from rundir.checkpoint import looks_like_pickle, save_checkpoint
 
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel

@@ -34,7 +34,7 @@ def compose_config(overrides: list[str]):
 def run_train(overrides: list[str]) -> dict:
     """`python train.py OVERRIDES` in this process: the real configs composed, validated, then train()."""
     from cli.config import to_train_config
-    from training.trainer import train
+    from training.setup import train
 
     return train(to_train_config(compose_config(overrides)))
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from cli.config import to_train_config
+from generation.generate import generate, pad_prompts
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
 from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
-from model.generate import pad_prompts
 from model.materialized_attention import causal_materialized_attention
 from tests.helpers import compose_config
 from tests.variants import VARIANTS
-from training.trainer import train
+from training.setup import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
@@ -66,8 +67,8 @@ def test_no_future_leak_on_cuda(variant):
 def test_cached_generation_equals_uncached_on_cuda(backend):
     model = make_model(backend)
     idx = torch.randint(0, VOCAB, (1, 16), device=CUDA)
-    cached = model.generate(idx, 100, temperature=0, use_cache=True)
-    uncached = model.generate(idx, 100, temperature=0, use_cache=False)
+    cached = generate(model, idx, SamplingParams(100, temperature=0, use_cache=True, top_k=None, seed=None))
+    uncached = generate(model, idx, SamplingParams(100, temperature=0, use_cache=False, top_k=None, seed=None))
     assert torch.equal(cached, uncached)
 
 

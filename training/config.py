@@ -1,4 +1,5 @@
-"""The run's structured config: dataclasses from each package, composed and registered for Hydra.
+"""The run's structured config: dataclasses from each package, composed (cli/config.py registers it for
+Hydra, with a study's settings on top: studies/fairness.py).
 
 YAML files under `configs/` only choose values; the types, defaults and rules live here and next to
 the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`).
@@ -8,13 +9,13 @@ import math
 from dataclasses import dataclass, field
 
 from data.config import DataConfig
-from model.gpt import GPTConfig
+from model.config import GPTConfig
+from rundir.records import LoggerConfig
 from training.distributed import DistributedConfig
-from training.fairness import FairnessConfig
-from training.guards import NONFINITE_POLICIES
-from training.loggers import LoggerConfig
 from training.optim import OptimConfig
 from training.runtime import PRECISIONS
+
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 @dataclass
@@ -23,18 +24,17 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    fairness: FairnessConfig = field(default_factory=FairnessConfig)  # what an ablation holds fixed
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool = False
-    batch_size: int = 32  # sequences per micro-batch (ranks may split it: training/batch_layout.py)
+    batch_size: int = 32  # sequences per micro-batch (ranks may split it: data/batches.py)
     grad_accum_steps: int = 1  # micro-batches per optimizer step (in one process)
     global_batch_size: int | None = None  # sequences per optimizer step, all ranks; null: batch_size * grad_accum_steps
     max_steps: int | None = 600  # optimizer steps; with budget_s, the run ends at whichever comes first
-    # training wall-clock (steps + evals); the LR schedule runs on elapsed / budget. null under iso_flop /
-    # iso_time, whose budget sets max_steps.
+    # training wall-clock (steps + evals); the LR schedule runs on elapsed / budget. null under a study's
+    # iso_flop / iso_time budget, which sets max_steps (studies/fairness.py).
     budget_s: float | None = None
     eval_interval: int = 100
     eval_batches: int = 10
@@ -52,17 +52,10 @@ class TrainConfig:
         """Checks only; the first bad value raises ValueError naming it and the rule."""
         for part in (self.model, self.data, self.optim, self.logger, self.distributed):
             part.validate()
-        self.fairness.validate(self.model)
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_batches", "log_interval", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; it must be >= 1")
-        budget = self.fairness.step_budget
-        if budget is not None and self.budget_s is not None:  # the time budget would cut the fair one short
-            raise ValueError(
-                f"budget_s={self.budget_s} and fairness.{budget[0]}={budget[1]} both set the run's length "
-                f"(fairness.mode={self.fairness.mode}); pass budget_s=null"
-            )
-        if self.max_steps is None and self.budget_s is None and budget is None:
+        if self.max_steps is None and self.budget_s is None:
             raise ValueError("max_steps and budget_s are both null; give max_steps=N, budget_s=SECONDS or both")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} is invalid; it must be >= 1 (or null with budget_s set)")

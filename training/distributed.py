@@ -1,7 +1,7 @@
 """Multi-process training under `torchrun`: process group, rank info, DDP / FSDP2 wrapping, and the
 few collectives the trainer needs. Launched by plain `python`, every helper is a no-op, so a
 single-process run is exactly what it was. NCCL on CUDA, gloo on CPU; which sequences each rank
-trains on is training/batch_layout.py."""
+trains on is data/batches.py."""
 
 import contextlib
 import json

@@ -1,5 +1,5 @@
-"""Optimizers, their parameter groups by role, and the learning-rate schedules as a pure function of
-(step, progress).
+"""Optimizers, their parameter groups by role, gradient clipping, and the learning-rate schedules as a
+pure function of (step, progress).
 
 `optim.optimizer=muon` trains the 2-D matmul weights inside the blocks with Muon (Jordan et al. 2024:
 momentum, then a few Newton-Schulz iterations towards the nearest orthogonal matrix) and everything
@@ -83,6 +83,15 @@ def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> Tensor:
+    """Global L2 norm of the gradients (on the device, no sync); clips them to `max_norm` when > 0."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parameter]]:

@@ -1,5 +1,7 @@
-"""Where and how a run computes: device and precision choice, the autocast context, torch.compile as a
-switch that can never break a run, and MFU against the *measured* matmul peak of this device.
+"""Where and how a run computes, and how its process stops: device and precision choice, the autocast
+context, torch.compile as a switch that can never break a run, the measured matmul peak of this device
+(for MFU), and SIGTERM/SIGINT, whose handler only sets a flag: the loop finishes its step, saves and
+exits with 128 + signal (a second Ctrl-C interrupts at once).
 
 MFU = FLOPs per token (from the model) x tokens per second / peak FLOP/s. The peak is the median rate
 of large square matmuls in the run's dtype, measured once per (device, dtype, threads, torch version)
@@ -10,16 +12,19 @@ import contextlib
 import json
 import logging
 import platform
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType, TracebackType
 
 import torch
 from torch import nn
 
 from data.config import resolve_cache_dir
-from training.checkpoint import atomic_write_bytes
+from rundir.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +194,43 @@ def peak_flops(device: torch.device, precision: str, cache_file: Path | None = N
 def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
     """Fraction of the measured peak the model's useful FLOPs reach."""
     return flops_per_token * tokens_per_s / peak
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class RunInterrupted(Exception):
+    """Raised by `train` after a signal-triggered save; `exit_code` is the shell's 128 + signum (the
+    command that continues the run is the CLI's to say: it knows the overrides the run was started with)."""
+
+    def __init__(self, signum: int, step: int, path: str, out_dir: str) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; saved {path}")
+        self.signum, self.out_dir = signum, out_dir
+        self.exit_code = 128 + signum
+
+
+class StopSignals:
+    """Context manager; `requested` is the first stop signal received, or None."""
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
+        self.requested: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

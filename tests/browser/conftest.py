@@ -13,7 +13,7 @@ from cli.config import to_train_config
 from lab.server import make_server, url_of
 from lab.session import LabSession
 from tests.helpers import compose_config, write_corpus
-from training.trainer import train
+from training.setup import train
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from analysis.attention import attention_maps
 from analysis.head_mask import gates_without, head_gates
+from generation.generate import generate
+from generation.sampling import SamplingParams
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -38,7 +40,9 @@ def test_sample_streams_the_same_text_as_generate(page, session):
     shown = page.inner_text("#sample-output .gen-text")
     idx = session.encode(PROMPT)
     generator = torch.Generator().manual_seed(5)
-    out = session.model.generate(idx[None], 40, temperature=0.8, top_k=200, generator=generator)
+    out = generate(
+        session.model, idx[None], SamplingParams(40, temperature=0.8, top_k=200, seed=None), generator=generator
+    )
     assert shown and shown == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
     assert page.inner_text("#sample-output .prompt-text") == PROMPT
 

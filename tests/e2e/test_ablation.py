@@ -13,9 +13,9 @@ import pytest
 import training.trainer
 from analysis.sweep import CRASHED
 from scripts.ablation_report import write_report
+from studies import fairness
+from studies.fairness import steps_for_flops, steps_for_time
 from tests.helpers import hand_count, run_cli, run_train
-from training import fairness
-from training.fairness import steps_for_flops, steps_for_time
 
 ROOT = Path(__file__).resolve().parents[2]
 

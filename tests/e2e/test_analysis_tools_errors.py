@@ -54,7 +54,7 @@ def char_checkpoint(tmp_path: Path) -> Path:
 
     from data.tokenizer import CharTokenizer
     from model import GPT, GPTConfig
-    from training.checkpoint import save_checkpoint
+    from rundir.checkpoint import save_checkpoint
 
     tokenizer = CharTokenizer("".join(sorted(set("the king is not my lord, sweet love\n"))))
     cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, d_model=16)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_train
-from scripts.bench_train import measure, measure_interleaved
+from bench import bench_train
+from bench.bench_train import measure, measure_interleaved
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_attention_prints_a_row_per_dtype_and_length():
     sizes = ["--tokens", "64", "--heads", "2", "--head-dim", "8", "--lengths", "8", "32"]
     out = subprocess.run(
-        [sys.executable, "scripts/bench_attention.py", *sizes, "--dtypes", "fp32", "bf16", "--repeats", "1"],
+        [sys.executable, "bench/bench_attention.py", *sizes, "--dtypes", "fp32", "bf16", "--repeats", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -34,7 +34,7 @@ def test_bench_attention_prints_a_row_per_dtype_and_length():
 
 @pytest.mark.usefixtures("one_thread")
 def test_interleaved_rows_and_a_lone_row_report_speed_mfu_and_memory(tiny_run_overrides, monkeypatch):
-    # The real peak is measured by scripts/bench_peak.py; on a CPU that emulates bf16 it takes minutes.
+    # The real peak is measured by bench/bench_peak.py; on a CPU that emulates bf16 it takes minutes.
     monkeypatch.setattr(bench_train, "peak_flops", lambda device, precision: 1e9)
     job = {"overrides": tiny_run_overrides, "compile": False, "steps": 2, "warmup": 1}
     rows = measure_interleaved([job | {"backend": "explicit", "precision": "fp32"}, job | {"precision": "bf16"}])
@@ -61,7 +61,7 @@ def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
     args = ["--equal-time-steps", "--budget", "21", "--recipes", "default", "batch_12", "--reference", "default"]
     done = subprocess.run(
-        [sys.executable, "scripts/bench_quality.py", *args, "--", *overrides],
+        [sys.executable, "bench/bench_quality.py", *args, "--", *overrides],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -103,7 +103,7 @@ def test_loop_overhead_pairs_each_round_of_the_whole_loop_with_the_bare_step(tin
 def test_bench_generate_refuses_a_bad_value_in_one_line_before_building_anything(args, message):
     # --vocab 0, --repeats 0 and --threads -1 ended in tracebacks (GPTConfig, statistics.median, torch)
     done = subprocess.run(
-        [sys.executable, "scripts/bench_generate.py", "--quick", *args], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "bench/bench_generate.py", "--quick", *args], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 2 and done.stderr.splitlines() == [message] and done.stdout == ""
 
@@ -113,14 +113,14 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
     # FILE/checkpoints/best.safetensors, and a run without a best checkpoint gave a FileNotFoundError traceback.
     from cli.config import to_train_config
     from tests.helpers import compose_config
-    from training.trainer import train
+    from training.setup import train
 
     cfg = to_train_config(compose_config([*tiny_run_overrides, "max_steps=2", "sample_tokens=0"]))
     train(cfg)
     best = Path(cfg.out_dir) / "checkpoints" / "best.safetensors"
 
     def score(target: Path) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "scripts/bench_quality.py", "--score", str(target)]
+        cmd = [sys.executable, "bench/bench_quality.py", "--score", str(target)]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     by_run, by_file = score(Path(cfg.out_dir)), score(best)
@@ -147,7 +147,7 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
 def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
     # Defect: each was accepted; every row's worker then failed with a traceback (no median for empty data,
     # model.block_size=0, precision='fp64') and the run went on to the end, exit 0.
-    done = subprocess.run([sys.executable, "scripts/bench_train.py", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "bench/bench_train.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
 
@@ -167,7 +167,7 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
     # Defect: --jobs 0 was a ZeroDivisionError traceback, --recipes / --seeds with no value printed an empty
     # table (exit 0), --reference bogus silently printed no paired differences, and --budget inf trained on
     # until the first run refused it (a RuntimeError traceback).
-    done = subprocess.run([sys.executable, "scripts/bench_quality.py", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "bench/bench_quality.py", *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr[-2000:]
     assert message in done.stderr
@@ -176,9 +176,9 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["scripts/bench_peak.py", "--device", "nowhere"], "error: device='nowhere' is invalid"),
-        (["scripts/bench_attention.py", "--tokens", "0"], "error: argument --tokens: 0 is invalid"),
-        (["scripts/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+        (["bench/bench_peak.py", "--device", "nowhere"], "error: device='nowhere' is invalid"),
+        (["bench/bench_attention.py", "--tokens", "0"], "error: argument --tokens: 0 is invalid"),
+        (["bench/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
     ],
 )
 def test_every_benchmark_says_a_bad_command_line_in_one_line(argv, message):

@@ -18,16 +18,15 @@ import torch.multiprocessing as mp
 
 from cli.config import to_train_config
 from cli.train_output import hydra_argv
-from data.batches import sample_batch
-from model.sampling import SamplingParams
+from data.batches import BatchLayout, batch_layout, sample_batch
+from generation.sampling import SamplingParams
+from rundir.checkpoint import load_checkpoint
 from scripts.sample import SampleConfig, sample
 from tests.e2e.distributed_worker import failing_worker, free_port, json_worker
 from tests.helpers import compose_config
 from training import distributed
-from training.batch_layout import BatchLayout, batch_layout
-from training.checkpoint import load_checkpoint
 from training.distributed import DistInfo
-from training.trainer import train
+from training.setup import train
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import training.checkpoint
+import rundir.checkpoint
 import training.runtime
 from analysis.trained import load_model
 from model.gpt import GPT
+from rundir.checkpoint import load_checkpoint, save_checkpoint
 from tests.helpers import run_train
-from training.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,7 +201,7 @@ def test_disk_full_while_saving_keeps_the_last_checkpoint(run, tmp_path, monkeyp
             raise OSError(28, "No space left on device")
         return real_open(path, mode)
 
-    monkeypatch.setattr(training.checkpoint, "open", open_filling_the_disk, raising=False)
+    monkeypatch.setattr(rundir.checkpoint, "open", open_filling_the_disk, raising=False)
     with pytest.raises(OSError, match=r"no space to write .*step_0000010.safetensors .*earlier checkpoints are intact"):
         run_train(run)
     monkeypatch.undo()

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from analysis.trained import load_model
+from rundir.checkpoint import save_checkpoint
 from scripts.head_importance import write_head_importance
 from tests.helpers import ROOT, run_cli, run_train
-from training.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")

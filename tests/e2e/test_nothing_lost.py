@@ -19,9 +19,9 @@ import torch
 
 from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
+from rundir.checkpoints import RunLock
 from tests.helpers import ROOT, compose_config, run_cli, run_train
-from training.run_dir import RunLock
-from training.trainer import train
+from training.setup import train
 
 
 def checksums(directory: Path) -> dict[str, str]:
@@ -267,7 +267,7 @@ def test_a_run_ends_saying_where_it_is_and_points_latest_at_it(corpus_args, tmp_
 
 def test_a_checkpoint_with_a_valid_digest_but_a_malformed_header_is_one_line(corpus_args, finished_run, tmp_path):
     from analysis.trained import load_model
-    from training.checkpoint import load_checkpoint, save_checkpoint
+    from rundir.checkpoint import load_checkpoint, save_checkpoint
 
     ckpt = load_checkpoint(finished_run / "checkpoints" / "step_0000010.safetensors")
     model, _ = load_model(finished_run / "checkpoints" / "step_0000010.safetensors")

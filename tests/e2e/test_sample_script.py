@@ -14,10 +14,10 @@ import torch
 from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import show_default
 from data.tokenizer import CharTokenizer
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
-from model.sampling import SamplingParams
+from rundir.checkpoint import save_checkpoint
 from scripts.sample import SampleConfig, cli_fields, main, parse_args, sample
-from training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

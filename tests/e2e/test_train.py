@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from analysis.trained import load_model
+from rundir.checkpoint import load_checkpoint
 from tests.helpers import run_train
-from training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

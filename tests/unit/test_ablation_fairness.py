@@ -3,7 +3,7 @@
 import pytest
 
 from model.gpt import GPT, GPTConfig
-from training.fairness import FairnessConfig
+from studies.fairness import FairnessConfig
 
 
 def iso_param_sizes(**model) -> set[int]:

@@ -13,9 +13,9 @@ import torch
 from analysis.attention import attention_maps, token_label, token_text
 from data.tokenizer import BPETokenizer, CharTokenizer
 from model import GPT, GPTConfig
+from rundir.checkpoint import save_checkpoint
 from scripts.attention_map import write_attention_map
 from tests.variants import VARIANT_HEADS, VARIANTS
-from training.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB, T = 40, 12

@@ -16,9 +16,9 @@ import safetensors.torch
 import torch
 from torch import nn
 
-import training.checkpoint
+import rundir.checkpoint
 from model import GPT, GPTConfig
-from training.checkpoint import (
+from rundir.checkpoint import (
     load_checkpoint,
     load_model_weights,
     looks_like_pickle,
@@ -26,8 +26,8 @@ from training.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from rundir.checkpoints import CheckpointDir
 from training.optim import OptimConfig, build_optimizer
-from training.run_dir import CheckpointDir
 
 CONFIG = GPTConfig(vocab_size=17, block_size=8, n_layer=1, n_head=2, d_model=16)
 
@@ -212,12 +212,12 @@ def test_disk_full_is_one_line_and_keeps_the_previous_checkpoint(saved, monkeypa
             super().write(bytes(data)[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(training.checkpoint, "open", lambda p, mode: FullDisk(p, "wb"), raising=False)
+    monkeypatch.setattr(rundir.files, "open", lambda p, mode: FullDisk(p, "wb"), raising=False)
     model, optimizer = trained_pair(seed=5)
     with pytest.raises(OSError, match=r"no space to write .* \(\d+\.\d MB: No space left on device\)") as info:
         save_checkpoint(saved, model, optimizer, {"step": 8})
     assert "\n" not in str(info.value)
-    monkeypatch.setattr(training.checkpoint, "open", real_open, raising=False)
+    monkeypatch.setattr(rundir.files, "open", real_open, raising=False)
     assert load_checkpoint(saved).meta["step"] == 7
 
 

@@ -68,7 +68,7 @@ def test_the_iso_flop_budget_buys_the_default_model_the_steps_of_the_other_sweep
     import dataclasses
 
     from model import GPT
-    from training.fairness import steps_for_flops
+    from studies.fairness import steps_for_flops
 
     recipe = ["+experiment=ablate_heads_iso_flop", "out_dir=x", "model.n_head=4", "model.d_k=null"]
     cfg, default = to_train_config(compose_config(recipe)), to_train_config(compose_config(["out_dir=x"]))

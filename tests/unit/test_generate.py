@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from data.tokenizer import CharTokenizer
+from generation.generate import encode_prompt, generate, pad_prompts, stream_text, stream_tokens
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
-from model.generate import encode_prompt, pad_prompts, stream_text, stream_tokens
-from model.sampling import SamplingParams
 
 VOCAB = 40
 
@@ -21,16 +21,25 @@ def model() -> GPT:
 
 def test_returns_the_prompt_followed_by_new_tokens(model):
     idx = torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0))
-    out = model.generate(idx, 12, generator=torch.Generator().manual_seed(0))
+    out = generate(
+        model,
+        idx,
+        SamplingParams(12, temperature=1.0, top_k=None, seed=None),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.shape == (3, 17) and out.dtype == torch.long
     assert torch.equal(out[:, :5], idx)
     assert ((out >= 0) & (out < VOCAB)).all()
-    assert torch.equal(model.generate(idx, 0), idx)
 
 
 def test_trainer_call_still_works(model):
     g = torch.Generator().manual_seed(1)
-    out = model.generate(torch.zeros(1, 1, dtype=torch.long), 20, temperature=0.8, top_k=200, generator=g)
+    out = generate(
+        model,
+        torch.zeros(1, 1, dtype=torch.long),
+        SamplingParams(20, temperature=0.8, top_k=200, seed=None),
+        generator=g,
+    )
     assert out.shape == (1, 21)
 
 
@@ -40,7 +49,12 @@ def test_same_seed_same_sample(model, use_cache):
 
     def run(seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
-        return model.generate(idx, 30, temperature=1.0, top_k=20, top_p=0.9, use_cache=use_cache, generator=g)
+        return generate(
+            model,
+            idx,
+            SamplingParams(30, temperature=1.0, top_k=20, top_p=0.9, use_cache=use_cache, seed=None),
+            generator=g,
+        )
 
     assert torch.equal(run(5), run(5))
     assert not torch.equal(run(5), run(6))
@@ -48,16 +62,38 @@ def test_same_seed_same_sample(model, use_cache):
 
 def test_cached_and_uncached_draw_the_same_sample_from_the_same_seed(model):
     idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
-    a = model.generate(idx, 25, top_p=0.9, use_cache=True, generator=torch.Generator().manual_seed(3))
-    b = model.generate(idx, 25, top_p=0.9, use_cache=False, generator=torch.Generator().manual_seed(3))
+    a = generate(
+        model,
+        idx,
+        SamplingParams(25, top_p=0.9, use_cache=True, temperature=1.0, top_k=None, seed=None),
+        generator=torch.Generator().manual_seed(3),
+    )
+    b = generate(
+        model,
+        idx,
+        SamplingParams(25, top_p=0.9, use_cache=False, temperature=1.0, top_k=None, seed=None),
+        generator=torch.Generator().manual_seed(3),
+    )
     assert torch.equal(a, b)
 
 
 def test_stream_yields_the_tokens_generate_returns(model):
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(0))
-    streamed = list(model.stream(idx, 10, generator=torch.Generator().manual_seed(4)))
+    streamed = list(
+        stream_tokens(
+            model,
+            idx,
+            SamplingParams(10, temperature=1.0, top_k=None, seed=None),
+            generator=torch.Generator().manual_seed(4),
+        )
+    )
     assert len(streamed) == 10 and all(t.shape == (2,) for t in streamed)
-    out = model.generate(idx, 10, generator=torch.Generator().manual_seed(4))
+    out = generate(
+        model,
+        idx,
+        SamplingParams(10, temperature=1.0, top_k=None, seed=None),
+        generator=torch.Generator().manual_seed(4),
+    )
     assert torch.equal(torch.stack(streamed, dim=1), out[:, 3:])
 
 
@@ -65,7 +101,12 @@ def test_stop_token_ends_generation_and_pads_finished_rows(model):
     idx = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(0))
 
     def run(prompt: torch.Tensor, stop: int | None) -> torch.Tensor:
-        return model.generate(prompt, 30, stop_token=stop, generator=torch.Generator().manual_seed(9))[:, 3:]
+        return generate(
+            model,
+            prompt,
+            SamplingParams(30, stop_token=stop, temperature=1.0, top_k=None, seed=None),
+            generator=torch.Generator().manual_seed(9),
+        )[:, 3:]
 
     free = run(idx, None)
     first, second = free[0].tolist(), free[1].tolist()
@@ -91,9 +132,9 @@ def test_pad_prompts_left_pads_and_marks_real_tokens():
 def test_negative_max_new_tokens_and_bad_sampling_are_refused(model):
     idx = torch.zeros(1, 1, dtype=torch.long)
     with pytest.raises(ValueError, match="max_new_tokens=-1 is invalid"):
-        model.generate(idx, -1)
+        generate(model, idx, SamplingParams(-1, temperature=1.0, top_k=None, seed=None))
     with pytest.raises(ValueError, match="top_p=0 is invalid"):
-        model.generate(idx, 3, top_p=0)
+        generate(model, idx, SamplingParams(3, top_p=0, temperature=1.0, top_k=None, seed=None))
 
 
 def test_engine_with_params_draws_what_generate_draws_with_that_seed(model):
@@ -101,16 +142,27 @@ def test_engine_with_params_draws_what_generate_draws_with_that_seed(model):
     params = SamplingParams(max_new_tokens=15, temperature=0.9, top_k=10, top_p=0.95, seed=21)
     engine = torch.stack(list(stream_tokens(model, idx, params)), dim=1)
     g = torch.Generator().manual_seed(21)
-    assert torch.equal(engine, model.generate(idx, 15, 0.9, 10, 0.95, generator=g)[:, 4:])
+    assert torch.equal(
+        engine,
+        generate(model, idx, SamplingParams(15, temperature=0.9, top_k=10, top_p=0.95, seed=None), generator=g)[:, 4:],
+    )
     other = torch.stack(list(stream_tokens(model, idx, SamplingParams(max_new_tokens=15, seed=22))), dim=1)
     assert not torch.equal(engine, other)
 
 
 def test_bad_settings_fail_when_stream_is_called_not_when_first_advanced(model):
     with pytest.raises(ValueError, match="temperature=nan is invalid"):
-        model.stream(torch.zeros(1, 1, dtype=torch.long), 3, temperature=float("nan"))
+        stream_tokens(
+            model,
+            torch.zeros(1, 1, dtype=torch.long),
+            SamplingParams(3, temperature=float("nan"), top_k=None, seed=None),
+        )
     with pytest.raises(ValueError, match="context_length=0 is invalid"):
-        model.stream(torch.zeros(1, 1, dtype=torch.long), 3, context_length=0)
+        stream_tokens(
+            model,
+            torch.zeros(1, 1, dtype=torch.long),
+            SamplingParams(3, context_length=0, temperature=1.0, top_k=None, seed=None),
+        )
 
 
 @pytest.mark.parametrize(
@@ -127,7 +179,7 @@ def test_a_prompt_the_model_cannot_read_is_refused_in_one_line(model, idx, messa
     # from deep inside (on CUDA a device-side assert)
     for use_cache in (True, False):
         with pytest.raises(ValueError, match=message):
-            model.generate(idx, 3, use_cache=use_cache)
+            generate(model, idx, SamplingParams(3, use_cache=use_cache, temperature=1.0, top_k=None, seed=None))
     with pytest.raises(ValueError, match=message):
         next(stream_tokens(model, idx, SamplingParams(max_new_tokens=3)))
 
@@ -166,7 +218,7 @@ def test_stream_text_holds_a_split_character_back_and_decodes_only_the_ids_since
     # Defect: every token decoded the whole continuation again, so a long sample took quadratic time.
     text = "héllo ✓ wörld 🙂 " * 20
     ids = list(text.encode())
-    monkeypatch.setattr("model.generate.stream_tokens", lambda *args: iter(torch.tensor([[i]]) for i in ids))
+    monkeypatch.setattr("generation.generate.stream_tokens", lambda *args: iter(torch.tensor([[i]]) for i in ids))
     tok = ByteTokenizer()
     pieces = list(stream_text(model, tok, [1], SamplingParams(max_new_tokens=len(ids))))
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)

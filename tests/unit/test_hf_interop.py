@@ -20,11 +20,13 @@ transformers = pytest.importorskip("transformers")
 from analysis.trained import load_model  # noqa: E402
 from data import tokenizer as tokenizer_mod  # noqa: E402
 from data.tokenizer import EOT_TEXT, CharTokenizer  # noqa: E402
+from generation.generate import generate  # noqa: E402
+from generation.sampling import SamplingParams  # noqa: E402
+from interop.hf_model import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from model.hf_interop import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
+from rundir.checkpoint import save_checkpoint  # noqa: E402
 from scripts.convert_hf import export_checkpoint, import_hf  # noqa: E402
 from scripts.convert_hf import main as convert_main  # noqa: E402
-from training.checkpoint import save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,7 +74,7 @@ def assert_same_logits(ours: GPT, hf) -> None:
 def assert_same_greedy_tokens(ours: GPT, hf) -> None:
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
     theirs = hf.generate(prompt, max_new_tokens=25, do_sample=False, pad_token_id=0)
-    mine = ours.generate(prompt, 25, temperature=0)
+    mine = generate(ours, prompt, SamplingParams(25, temperature=0, top_k=None, seed=None))
     assert theirs.shape == (2, 30)
     assert torch.equal(mine, theirs)
     assert len(set(mine[:, 5:].flatten().tolist())) > 1, "a greedy loop of one token would prove little"
@@ -236,7 +238,9 @@ def char_run(tmp_path: Path, without_eot: bool = False) -> Path:
     for seed in range(50):
         torch.manual_seed(seed)
         model = decisive(GPT(cfg)).eval()
-        greedy = model.generate(torch.tensor([tok.encode("ROMEO:")]), 40, temperature=0)[0].tolist()
+        greedy = generate(
+            model, torch.tensor([tok.encode("ROMEO:")]), SamplingParams(40, temperature=0, top_k=None, seed=None)
+        )[0].tolist()
         if not without_eot or tok.eot_id not in greedy:
             break
     meta = {"step": 3, "config": {"model": asdict(cfg), "data": {"cache_dir": ""}}, "tokenizer": tok.to_meta()}

@@ -1,4 +1,4 @@
-"""model/hf_tokenizer.py: our char, learned-BPE and GPT-2 tokenizers as Hugging Face tokenizers, id for id."""
+"""interop/hf_tokenizer.py: our char, learned-BPE and GPT-2 tokenizers as Hugging Face tokenizers, id for id."""
 
 import pytest
 import tiktoken
@@ -6,7 +6,7 @@ import tiktoken
 transformers = pytest.importorskip("transformers")
 
 from data.tokenizer import EOT_TEXT, GPT2_PATTERN, BPETokenizer, CharTokenizer, tokenizer_from_meta  # noqa: E402
-from model.hf_tokenizer import (  # noqa: E402
+from interop.hf_tokenizer import (  # noqa: E402
     bytes_to_unicode,
     gpt2_vocab_and_merges,
     merge_parts,
@@ -100,9 +100,9 @@ def test_real_gpt2_export_loads_with_tiktokens_ids_and_generates_what_sample_py_
 
     from data.tokenizer import gpt2_tokenizer
     from model import GPT, GPTConfig
+    from rundir.checkpoint import save_checkpoint
     from scripts.convert_hf import export_checkpoint
     from scripts.sample import main as sample_main
-    from training.checkpoint import save_checkpoint
 
     tok = gpt2_tokenizer(tmp_path / "cache")
     torch.manual_seed(0)

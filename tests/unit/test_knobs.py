@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from cli.config import to_train_config
+from interop.hf_model import check_gpt2_compatible
 from model import GPT, GPTConfig
-from model.hf_interop import check_gpt2_compatible
 from model.mlp import MLP
 from tests.helpers import compose_config, hand_count
 
@@ -227,7 +227,7 @@ def test_recipes_validate_as_single_runs(recipe, tmp_path):
 
 
 def test_every_bench_quality_recipe_composes_to_a_valid_run(tmp_path):
-    from scripts.bench_quality import RECIPES
+    from bench.bench_quality import RECIPES
 
     for overrides in RECIPES.values():  # a mistyped override would be refused here, not an hour into a run
         to_train_config(compose_config([*overrides, f"out_dir={tmp_path}"]))
@@ -236,7 +236,7 @@ def test_every_bench_quality_recipe_composes_to_a_valid_run(tmp_path):
 
 
 def test_bench_quality_with_no_recipes_named_runs_the_headline_pair_only():
-    from scripts.bench_quality import build_parser
+    from bench.bench_quality import build_parser
 
     # the docstring's first command: the default against nanoGPT's recipe, not all 16 recipes for 80 minutes
     args = build_parser().parse_args([])

@@ -4,8 +4,9 @@ for every attention/position variant (tests/variants.py)."""
 import pytest
 import torch
 
+from generation.generate import generate, pad_prompts
+from generation.sampling import SamplingParams
 from model import GPT
-from model.generate import pad_prompts
 from model.kv_cache import KVCache, token_positions
 from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases, variant_model
 
@@ -67,8 +68,8 @@ def test_generate_cached_equals_uncached_for_greedy_tokens(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     idx = prompt(2, 5)
     n = LONG if variant == "learned" else SHORT
-    cached = model.generate(idx, n, temperature=0, use_cache=True)
-    uncached = model.generate(idx, n, temperature=0, use_cache=False)
+    cached = generate(model, idx, SamplingParams(n, temperature=0, use_cache=True, top_k=None, seed=None))
+    uncached = generate(model, idx, SamplingParams(n, temperature=0, use_cache=False, top_k=None, seed=None))
     assert cached.shape == (2, 5 + n)
     assert torch.equal(cached, uncached)
 
@@ -99,9 +100,16 @@ def test_padded_batch_equals_each_prompt_alone(backend, use_cache, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (3, 11, 6)]
     idx, padding_mask = pad_prompts(prompts, pad_id=VOCAB - 1)
-    batched = model.generate(idx, 40, temperature=0, use_cache=use_cache, padding_mask=padding_mask)
+    batched = generate(
+        model,
+        idx,
+        SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None),
+        padding_mask=padding_mask,
+    )
     for row, p in enumerate(prompts):
-        alone = model.generate(torch.tensor([p]), 40, temperature=0, use_cache=use_cache)
+        alone = generate(
+            model, torch.tensor([p]), SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None)
+        )
         assert torch.equal(batched[row, -40:], alone[0, -40:]), f"prompt {row} changed by batching"
 
 
@@ -123,7 +131,7 @@ def test_padded_prefill_logits_equal_each_prompt_alone(backend, variant):
 def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache, variant):
     model = make_model("sdpa", *VARIANT_HEADS, block_size=16, variant=variant)
     idx = prompt(1, 5)
-    out = model.generate(idx, 40, temperature=0, use_cache=use_cache)
+    out = generate(model, idx, SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None))
     assert out.shape == (1, 45)
     with torch.no_grad():
         for length in range(5, 45):  # reference: crop to the window, positions 0..block_size-1
@@ -136,9 +144,11 @@ def test_prompt_longer_than_block_size_and_padded_batch_past_block_size(variant)
     model = make_model("explicit", *VARIANT_HEADS, block_size=16, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (4, 21)]
     idx, padding_mask = pad_prompts(prompts)
-    batched = model.generate(idx, 25, temperature=0, padding_mask=padding_mask)
+    batched = generate(model, idx, SamplingParams(25, temperature=0, top_k=None, seed=None), padding_mask=padding_mask)
     for row, p in enumerate(prompts):
-        alone = model.generate(torch.tensor([p]), 25, temperature=0, use_cache=False)
+        alone = generate(
+            model, torch.tensor([p]), SamplingParams(25, temperature=0, use_cache=False, top_k=None, seed=None)
+        )
         assert torch.equal(batched[row, -25:], alone[0, -25:])
 
 

@@ -22,13 +22,15 @@ import torch.nn.functional as F
 from analysis.head_mask import gates_without, head_gates
 from analysis.trained import find_checkpoint, saved_cache_dir
 from data.tokenizer import CharTokenizer
+from generation.generate import generate
+from generation.sampling import SamplingParams
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
 from lab.server import MAX_BODY, STATIC, make_server, url_of
 from lab.session import LabSession
 from model import GPT, GPTConfig
+from rundir.checkpoint import save_checkpoint
 from tests.helpers import ROOT
-from training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CHARS = "\n abcdefghijklmnopqrstuvwxyz"
@@ -307,7 +309,9 @@ def test_streamed_sample_equals_generate_with_the_same_seed(session):
     settings = api.sampling_settings({"max_tokens": 20, "seed": 3})
     streamed = "".join(api.stream_text(session.model, session.tokenizer, idx.tolist(), settings, session.device))
     generator = torch.Generator().manual_seed(3)
-    out = session.model.generate(idx[None], 20, temperature=0.8, top_k=200, generator=generator)
+    out = generate(
+        session.model, idx[None], SamplingParams(20, temperature=0.8, top_k=200, seed=None), generator=generator
+    )
     assert streamed == session.tokenizer.decode(out[0, idx.shape[0] :].tolist())
 
 

@@ -2,7 +2,7 @@
 
 import logging
 
-from training.loggers import log_to_file
+from rundir.records import log_to_file
 
 
 def test_each_job_of_a_sweep_logs_into_its_own_train_log_only(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from rundir.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
 from training.optim import (
     NS_COEFFICIENTS,
     MuonAdamW,

@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
+from generation.generate import generate, pad_prompts
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
 from model.attention import CausalSelfAttention
-from model.generate import pad_prompts
 from model.position import RotaryEmbedding, apply_rotary
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,13 +97,17 @@ def test_explicit_and_sdpa_give_the_same_logits():
 def test_context_beyond_block_size_is_allowed_and_cached_equals_uncached(pos_encoding):
     model = rope_model(pos_encoding=pos_encoding)
     idx = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
-    cached = model.generate(idx, 36, temperature=0, context_length=40)
-    uncached = model.generate(idx, 36, temperature=0, context_length=40, use_cache=False)
+    cached = generate(model, idx, SamplingParams(36, temperature=0, context_length=40, top_k=None, seed=None))
+    uncached = generate(
+        model, idx, SamplingParams(36, temperature=0, context_length=40, use_cache=False, top_k=None, seed=None)
+    )
     assert torch.equal(cached, uncached)
     with torch.no_grad():  # the last token saw all 39 before it, at positions past block_size
         logits, _ = model(cached[:, :-1])
     assert torch.equal(logits[:, -1].argmax(-1), cached[:, -1])
-    cropped = model.generate(idx, 36, temperature=0)  # the default still crops to block_size
+    cropped = generate(
+        model, idx, SamplingParams(36, temperature=0, top_k=None, seed=None)
+    )  # the default still crops to block_size
     assert not torch.equal(cropped, cached)
 
 
@@ -110,6 +115,10 @@ def test_learned_positions_refuse_context_beyond_block_size():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, d_model=16)).eval()
     with pytest.raises(ValueError, match=r"context_length=17 is invalid; .* <= block_size \(16\)"):
-        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, context_length=17)
+        generate(
+            model,
+            torch.zeros(1, 1, dtype=torch.long),
+            SamplingParams(3, context_length=17, temperature=1.0, top_k=None, seed=None),
+        )
     with pytest.raises(ValueError, match="KV cache length 17 must be in"):
         model.new_cache(1, 17)

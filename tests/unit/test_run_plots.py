@@ -1,4 +1,4 @@
-"""analysis/run_plots.py and scripts/plot_run.py: metrics.jsonl read leniently, several runs in one PNG."""
+"""rundir/plots.py and scripts/plot_run.py: metrics.jsonl read leniently, several runs in one PNG."""
 
 import json
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.run_plots import plot_runs, read_metrics, run_labels, series
+from rundir.plots import plot_runs, read_metrics, run_labels, series
 from scripts.plot_run import main
 
 

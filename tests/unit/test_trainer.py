@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rundir.resume import RESUMABLE_MODEL_FIELDS, check_compatible, check_same_model, checkpoint_meta
+from studies import fairness
 from tests.helpers import tiny_trainer
-from training import fairness
-from training.resume import RESUMABLE_MODEL_FIELDS, check_compatible, check_same_model, checkpoint_meta
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,7 +101,7 @@ def test_resume_refuses_any_model_field_change_naming_both_values(tmp_path, fiel
     saved = {k: getattr(trainer.cfg.model, k) for k in trainer.cfg.model.__dataclass_fields__}
     setattr(trainer.cfg.model, field, value)
     with pytest.raises(ValueError, match=rf"has model\.{field}=.* but this run has model\.{field}={value!r}"):
-        check_same_model(saved, trainer.cfg.model, "checkpoint 'x'")
+        check_same_model(saved, asdict(trainer.cfg.model), "checkpoint 'x'")
 
 
 def test_resume_allows_only_the_commented_fields_to_change(tmp_path):
@@ -109,7 +109,7 @@ def test_resume_allows_only_the_commented_fields_to_change(tmp_path):
     saved = {k: getattr(trainer.cfg.model, k) for k in trainer.cfg.model.__dataclass_fields__}
     trainer.cfg.model.attn_backend = "explicit"
     trainer.cfg.model.dropout = 0.1
-    check_same_model(saved, trainer.cfg.model, "checkpoint 'x'")
+    check_same_model(saved, asdict(trainer.cfg.model), "checkpoint 'x'")
     assert RESUMABLE_MODEL_FIELDS == {"attn_backend", "dropout"}
 
 
@@ -117,18 +117,18 @@ def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tm
     trainer = tiny_trainer(tmp_path)
     meta = checkpoint_meta(trainer.state, asdict(trainer.cfg), trainer.data, {}) | {"optim_param_groups": []}
     ckpt = SimpleNamespace(meta=meta)  # check_compatible reads only the header
-    with caplog.at_level(logging.WARNING, logger="training.resume"):
-        check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
+    with caplog.at_level(logging.WARNING, logger="rundir.resume"):
+        check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
         assert not caplog.records  # the same run continues as it would have
         meta["data_fingerprint"], meta["config"]["seed"] = "another corpus", trainer.cfg.seed + 1
         meta["config"]["precision"] = "bf16" if trainer.cfg.precision != "bf16" else "fp32"  # a bf16 run in fp32
-        check_compatible(ckpt, Path("x"), trainer.cfg, trainer.data)
+        check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
     assert "different ['seed', 'precision', 'data']" in caplog.text
 
 
 def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
     # Defect on the old main: the benchmark timed a step of its own (no scaler, no guard, no host read).
-    from scripts import bench_train
+    from bench import bench_train
     from training.trainer import Trainer
 
     calls = []
@@ -181,26 +181,31 @@ def test_fairness_budgets_buy_a_sane_whole_number_of_steps():
 def test_the_budget_bar_stays_on_its_budget_when_the_clock_passes_it(tmp_path):
     # Defect: a run whose clock passed budget_s (a first evaluation longer than the budget, or the one
     # step every run trains) showed "train:   0%| | 122/None s": tqdm drops the total once n exceeds it.
-    from training.loggers import Meter
-    from training.trainer import StepResult
-
-    trainer = tiny_trainer(tmp_path, "budget_s=30", "max_steps=null", "progress=true")
-    with Meter(trainer, None) as meter:
-        meter.step_done(StepResult(1.0, 1.0, 1e-3, True), elapsed_s=122.0, last=True)
-        shown = str(meter.bar)
+    run = started(tiny_trainer(tmp_path, "budget_s=30", "max_steps=null", "progress=true"), tmp_path).run
+    run.step_done(1.0, 1.0, 1e-3, elapsed_s=122.0, last=True)
+    shown = str(run.bar)
+    run.close()
     assert "30/30 s" in shown and "100%" in shown, shown
 
 
 def test_the_bar_shows_an_evaluation_as_soon_as_it_is_done(tmp_path):
     # Defect: the bar's val= was set only at the next logged step, so after "step 10: val loss 4.334"
     # it still read the previous evaluation's 4.413 (and a run ended on a stale one).
-    from training.loggers import Meter
-    from training.trainer import StepResult
+    run = started(tiny_trainer(tmp_path, "log_interval=1", "progress=true"), tmp_path).run
+    run.eval_done({"val/loss": 4.413}, elapsed_s=1.0)
+    run.step_done(4.5, 1.0, 1e-3, elapsed_s=2.0, last=False)
+    assert "val=4.413" in str(run.bar)
+    run.eval_done({"val/loss": 4.334}, elapsed_s=3.0)
+    assert "val=4.334" in str(run.bar), str(run.bar)
+    run.close()
 
-    trainer = tiny_trainer(tmp_path, "log_interval=1", "progress=true")
-    with Meter(trainer, None) as meter:
-        meter.eval_done({"val/loss": 4.413}, elapsed_s=1.0)
-        meter.step_done(StepResult(4.5, 1.0, 1e-3, True), elapsed_s=2.0, last=False)
-        assert "val=4.413" in str(meter.bar)
-        meter.eval_done({"val/loss": 4.334}, elapsed_s=3.0)
-        assert "val=4.334" in str(meter.bar), str(meter.bar)
+
+def started(trainer, tmp_path):
+    """`trainer` with its run directory started, as train() starts it (records, the bar)."""
+    from rundir.run import Run
+    from training.setup import start_records
+
+    trainer.cfg.logger.wandb = False
+    trainer.run = Run(tmp_path / "run").acquire()
+    start_records(trainer)
+    return trainer

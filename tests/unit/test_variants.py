@@ -9,12 +9,14 @@ import torch
 
 from analysis.trained import load_model
 from cli.config import to_train_config
+from generation.generate import generate
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
 from model.position import SinusoidalPositions
+from rundir.checkpoint import save_checkpoint
 from tests.helpers import compose_config
 from tests.variants import VARIANT_HEADS, VARIANTS
-from training.checkpoint import save_checkpoint
-from training.trainer import train
+from training.setup import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -144,7 +146,7 @@ def test_bf16_autocast_and_bf16_weights_run_every_variant(variant):
             _, bf16_loss = model(idx, idx)
         assert bf16_loss.item() == pytest.approx(fp32_loss.item(), abs=0.05)
         model.to(torch.bfloat16)  # the KV cache takes the weights' dtype
-        out = model.generate(idx[:, :4], 8, temperature=0)
+        out = generate(model, idx[:, :4], SamplingParams(8, temperature=0, top_k=None, seed=None))
     assert out.shape == (2, 12) and model.new_cache(1).layers[0].keys.dtype == torch.bfloat16
 
 

@@ -18,8 +18,7 @@ from torch import nn
 
 from data.prepare import PreparedData
 from model.gpt import GPTConfig
-from training import checkpoint as ckpt_io
-from training.config import TrainConfig
+from rundir import checkpoint as ckpt_io
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +66,9 @@ def describe_tokenizer(meta: dict | None) -> str:
     return repr(meta.get("name"))
 
 
-def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, data: PreparedData) -> None:
-    """Refuse a checkpoint this run cannot continue; warn where it continues on a different trajectory."""
+def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any], data: PreparedData) -> None:
+    """Refuse a checkpoint this run (its whole config, as a dict) cannot continue; warn where it continues
+    on a different trajectory."""
     where = f"checkpoint {str(path)!r}"
     if "optim_param_groups" not in ckpt.meta:
         raise ValueError(f"{where} holds no optimizer state (weights only); it can be sampled from, not resumed")
@@ -85,23 +85,22 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, cfg: TrainConfig, dat
     saved = ckpt.meta.get("config")
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ValueError(f"{where} has no run config in its header; it was not written by train.py")
-    check_same_model(saved["model"], cfg.model, where)
-    now = asdict(cfg)
-    changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != now[key]]
+    check_same_model(saved["model"], config["model"], where)
+    changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != config.get(key)]
     if ckpt.meta.get("data_fingerprint") != data.fingerprint:
         changed.append("data")
     if changed:
         log.warning("resuming with a different %s: the run continues, but not as the original would have", changed)
 
 
-def check_same_model(saved: dict[str, Any], model: GPTConfig, where: str) -> None:
+def check_same_model(saved: dict[str, Any], model: dict[str, Any], where: str) -> None:
     """Every GPTConfig field (derived from the dataclass, so a new knob is covered) must match, but the
     RESUMABLE_MODEL_FIELDS; a field the checkpoint predates must still be at its default."""
     defaults = asdict(GPTConfig())
     for f in fields(GPTConfig):
         if f.name in RESUMABLE_MODEL_FIELDS:
             continue
-        then, now = saved.get(f.name, defaults[f.name]), getattr(model, f.name)
+        then, now = saved.get(f.name, defaults[f.name]), model[f.name]
         if then != now:
             raise ValueError(
                 f"{where} has model.{f.name}={then!r} but this run has model.{f.name}={now!r}; "
@@ -110,10 +109,12 @@ def check_same_model(saved: dict[str, Any], model: GPTConfig, where: str) -> Non
 
 
 def restore(
-    path: Path, cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, data: PreparedData
+    path: Path, config: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, data: PreparedData
 ) -> tuple[RunState, ckpt_io.Checkpoint]:
+    """Weights, optimizer state and counters from `path` into this run (`config`: its whole config as a
+    dict); RNG states are restored by the caller, just before the first step."""
     ckpt = ckpt_io.load_checkpoint(path)
-    check_compatible(ckpt, path, cfg, data)
+    check_compatible(ckpt, path, config, data)
     ckpt_io.load_model_weights(model, ckpt)
     ckpt_io.restore_optimizer(optimizer, ckpt)
     state = RunState.from_meta(ckpt.meta)

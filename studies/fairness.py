@@ -6,22 +6,27 @@ iso_param      d_k = d_model / n_head, so params and FLOPs/token are the same fo
 iso_flop       max_steps = flop_budget / (flops_per_token * tokens_per_step): equal training FLOPs
 iso_time       max_steps = time_budget_s / (median seconds of a throw-away copy's steps): equal wall-clock
 
-The max_steps used is written to run_info.json. A resumed iso_time run measures again, so its max_steps
-may differ: resume iso_flop."""
+A study is a layer above training: `StudyRunConfig` is a run's config with the study's settings on top
+(what `python train.py` composes), and `resolve_budget` turns an iso_flop / iso_time budget into plain
+`max_steps` before the run starts, so the training core never reads them. The max_steps used is written
+to run_info.json. A resumed iso_time run measures again, so its max_steps may differ: resume iso_flop."""
 
+import copy
+import dataclasses
 import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 
-from model.gpt import GPTConfig
-
-if TYPE_CHECKING:
-    from training.trainer import Trainer
+from data import prepare as prepare_data
+from model import GPTConfig
+from training.config import TrainConfig
+from training.distributed import env_info, local_device
+from training.runtime import resolve_device
+from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,40 @@ class FairnessConfig:
                 )
 
 
+@dataclass
+class StudyRunConfig(TrainConfig):
+    """A run's config as `python train.py` composes it: TrainConfig plus what an ablation holds fixed."""
+
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
+
+    def validate(self) -> None:
+        self.fairness.validate(self.model)
+        budget = self.fairness.step_budget
+        if budget is None:
+            return super().validate()
+        if self.budget_s is not None:  # the time budget would cut the fair one short
+            raise ValueError(
+                f"budget_s={self.budget_s} and fairness.{budget[0]}={budget[1]} both set the run's length "
+                f"(fairness.mode={self.fairness.mode}); pass budget_s=null"
+            )
+        # max_steps is the budget's to set (resolve_budget): checked as if it had set it already
+        TrainConfig.validate(dataclasses.replace(self, max_steps=self.max_steps or MAX_BUDGET_STEPS))
+
+
+def resolve_budget(cfg: TrainConfig) -> None:
+    """Under iso_flop / iso_time, set cfg.max_steps from the budget, measured on a throw-away Trainer of this
+    config on this process's device (under torchrun the run takes rank 0's figure)."""
+    fairness = getattr(cfg, "fairness", None)
+    if fairness is None or fairness.step_budget is None:
+        return
+    cfg.validate()
+    device = local_device(resolve_device(cfg.device), env_info())
+    probe = Trainer(copy.deepcopy(cfg), prepare_data(cfg.data, progress=cfg.progress), device)
+    if cfg.compile:
+        probe.train_model = torch.compile(probe.model)
+    cfg.max_steps = max_steps_for(fairness, probe)
+
+
 def steps_for_flops(flop_budget: float, flops_per_token: int, tokens_per_step: int) -> int:
     """The whole number of optimizer steps that fits in `flop_budget` training FLOPs."""
     one_step = f"{flops_per_token} FLOPs/token x {tokens_per_step} tokens/step"
@@ -102,7 +141,7 @@ def whole_steps(name: str, budget: float, steps: float, one_step: str) -> int:
     return int(steps)
 
 
-def max_steps_for(cfg: FairnessConfig, probe: "Trainer") -> int:
+def max_steps_for(cfg: FairnessConfig, probe: Trainer) -> int:
     """max_steps under iso_flop (from the FLOP budget) or iso_time (from a probe's measured step time)."""
     if cfg.mode == "iso_flop":
         return steps_for_flops(cfg.flop_budget, probe.model.flops_per_token(), probe.tokens_per_step)
@@ -112,7 +151,7 @@ def max_steps_for(cfg: FairnessConfig, probe: "Trainer") -> int:
     return steps
 
 
-def measure_seconds_per_step(probe: "Trainer", steps: int) -> float:
+def measure_seconds_per_step(probe: Trainer, steps: int) -> float:
     """Median seconds of `probe.step` (the run's own step) after a warm-up step. The probe is a throw-away
     copy (Trainer.probe) and the RNG is forked, so the run is the same as without calibration."""
     devices = [p.device for p in probe.model.parameters() if p.device.type == "cuda"][:1]

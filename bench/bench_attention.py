@@ -1,7 +1,7 @@
 """Attention kernels alone, forward + backward, side by side: where `attn_backend=auto` switches.
 
-    python scripts/bench_attention.py
-    python scripts/bench_attention.py --lengths 128 256 512 --dtypes bf16 --repeats 9
+    python bench/bench_attention.py
+    python bench/bench_attention.py --lengths 128 256 512 --dtypes bf16 --repeats 9
 
 At a fixed number of tokens per batch (B * T), it times the explicit equation (autograd), the fused
 kernel (F.scaled_dot_product_attention, is_causal) and the materialized kernel for each sequence

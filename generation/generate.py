@@ -7,7 +7,7 @@ context (the reference the cache is tested against, token for token).
 Batches of prompts of different lengths are padded on the left (`pad_prompts`); positions count
 from each row's first real token, so every row gets exactly the tokens it would get alone.
 
-The engine is `stream_tokens(model, idx, params)`, one `SamplingParams` (model/sampling.py) per
+The engine is `stream_tokens(model, idx, params)`, one `SamplingParams` (generation/sampling.py) per
 request; `GPT.generate`/`GPT.stream` keep their keyword signatures and build one. `encode_prompt`
 and `stream_text` are the text ends of it that scripts/sample.py and the trainer share.
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from model.sampling import SamplingParams, sample_next
+from generation.sampling import SamplingParams, sample_next
 
 if TYPE_CHECKING:
     from model.gpt import GPT
@@ -145,58 +145,15 @@ def slide_back(tokens: Tensor, real: Tensor | None, context: int) -> int:
     return context
 
 
-def stream(
-    model: "GPT",
-    idx: Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    stop_token: int | None = None,
-    padding_mask: Tensor | None = None,
-    context_length: int | None = None,
-) -> Iterator[Tensor]:
-    """GPT.stream: `stream_tokens` with the settings as keywords; max_new_tokens=0 yields nothing.
-
-    Settings are checked here, before the first token, not when the iterator is first advanced.
-    """
-    if max_new_tokens == 0:  # documented: generate(idx, 0) is the prompt itself
-        return iter(())
-    params = SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=None,  # the caller's generator (or torch's global one) decides
-        stop_token=stop_token,
-        use_cache=use_cache,
-        context_length=context_length,
-    )
-    check_context_length(model, context_length)
-    check_prompt(model, idx)
-    return stream_tokens(model, idx, params, generator, padding_mask)
-
-
 def generate(
     model: "GPT",
     idx: Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
+    params: SamplingParams,
     generator: torch.Generator | None = None,
-    stop_token: int | None = None,
     padding_mask: Tensor | None = None,
-    context_length: int | None = None,
 ) -> Tensor:
-    """The prompt (B, T) followed by the new tokens (B, n), n <= max_new_tokens (fewer after stop_token)."""
-    settings = (temperature, top_k, top_p, use_cache, generator, stop_token, padding_mask, context_length)
-    new = list(stream(model, idx, max_new_tokens, *settings))
-    if not new:
-        return idx
+    """The prompt (B, T) followed by the new tokens (B, n), n <= params.max_new_tokens (fewer after stop_token)."""
+    new = list(stream_tokens(model, idx, params, generator, padding_mask))
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1)
 
 

@@ -17,8 +17,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from analysis.outputs import file_above
-from training.run_files import METRICS
+from rundir.files import METRICS, file_above
 
 ELAPSED = "time/elapsed_s"
 PANELS = [  # (title, y label, [(metric key, line label, line style)])

@@ -1,7 +1,7 @@
 """Measure this device's matmul peak per dtype (the denominator of MFU) and cache it.
 
-python scripts/bench_peak.py                 # cpu or the auto-detected GPU
-python scripts/bench_peak.py --device cpu --remeasure
+python bench/bench_peak.py                 # cpu or the auto-detected GPU
+python bench/bench_peak.py --device cpu --remeasure
 """
 
 import argparse

@@ -1,11 +1,5 @@
-"""A run's directory, and the rule that nothing in it is ever lost.
+"""RUN/checkpoints/: which checkpoint a run resumes from, which files it may replace, and rotation.
 
-    RUN/.lock                        held (flock) by the live run; holds its PID and command
-    RUN/config.yaml, train.log, metrics.jsonl, run_info.json, summary.json
-    RUN/checkpoints/step_NNNNNNN.safetensors (the newest keep_last), best.safetensors
-
-- One live run per directory: an exclusive `flock` on RUN/.lock for the run's life. The kernel drops
-  it when the holder exits or dies, so a lock is never stale; a second run is refused in one line.
 - A run deletes only checkpoints it owns: files it wrote itself, or regular files it verified as
   attnlab checkpoints (format and digest) before taking the directory over. Never a symlink, never a
   file it could not read, never anything it does not know.
@@ -15,28 +9,22 @@
   with no checkpoint it starts afresh only where that replaces no run's files, as a fresh run does.
 """
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from training.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from rundir.checkpoint import load_checkpoint, save_checkpoint
+from rundir.files import NOT_A_RUN, atomic_write_bytes, link_or_copy
 
 log = logging.getLogger(__name__)
 
 STEP_NAME = re.compile(r"step_(\d+)\.safetensors")
 BEST = "best.safetensors"
-LOCK = ".lock"
-# Written into a sweep job's directory by Hydra before the run starts; they do not make it another run's.
-NOT_A_RUN = {LOCK, ".hydra", "train.log"}
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -44,81 +32,30 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class RunDirInUse(ValueError):
-    """Another live process holds the run directory's lock."""
-
-
-class RunLock:
-    """An exclusive lock on a run directory; `release(discard=True)` undoes what `acquire` made, the lock
-    file and the directories, when nothing else was written (a run refused at start-up leaves no trace)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.created: list[Path] = []  # the directory and the parents that acquire made, innermost first
-        self.found: set[str] = set()  # the names the directory held before acquire
-        self._fd: int | None = None
-
-    def acquire(self) -> "RunLock":
-        missing = [self.directory, *self.directory.parents]
-        nearest = next(d for d in missing if d.exists() or d.is_symlink())
-        if nearest.is_symlink() and not nearest.exists():  # mkdir cannot make its target
-            where = "is a symlink" if nearest == self.directory else f"is under a symlink ({nearest})"
-            raise ValueError(f"out_dir={str(self.directory)!r} {where} to {os.readlink(nearest)}, which is missing")
-        if not nearest.is_dir():
-            where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
-            raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
-        self.created = missing[: missing.index(nearest)]
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.found = {p.name for p in self.directory.iterdir()}
-            self._fd = self._open_locked()
-        except OSError as e:  # read-only, another user's, a name too long: one line naming out_dir
-            for made in self.created:
-                with contextlib.suppress(OSError):
-                    made.rmdir()
-            where = f"{e.strerror}: {e.filename}"
-            raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where})") from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
-        return self
-
-    def _open_locked(self) -> int:
-        """The lock file, flocked. A refused run unlinks the lock file it made: one opened just before
-        that is no longer the directory's, so it is opened again."""
-        path = self.directory / LOCK
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise RunDirInUse(
-                    f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
-                ) from None
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.samestat(os.fstat(fd), os.stat(path)):
-                    return fd
-            os.close(fd)
-
-    def release(self, discard: bool = False) -> None:
-        if self._fd is None:
-            return
-        if discard and {p.name for p in self.directory.iterdir()} <= self.found | {LOCK}:
-            if LOCK not in self.found:  # while still held: a run that opened it meanwhile opens it again
-                (self.directory / LOCK).unlink(missing_ok=True)
-            for made in self.created:
-                with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
-                    made.rmdir()
-        os.close(self._fd)  # closing the descriptor releases the flock
-        self._fd = None
-
-
 def run_files(directory: Path) -> list[str]:
     """Names in a run directory that belong to some run (not the lock, not Hydra's job files)."""
     if not directory.is_dir():
         return []
     return sorted(p.name for p in directory.iterdir() if p.name not in NOT_A_RUN)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A file as given; a run directory (or `outputs/latest`) means RUN/checkpoints/best.safetensors,
+    else its newest step checkpoint."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
+        return path
+    for folder in (path / "checkpoints", path):
+        if (folder / BEST).is_file():
+            return folder / BEST
+        steps = [p for p in folder.glob("step_*.safetensors") if checkpoint_step(p) is not None]
+        if steps:
+            return max(steps, key=lambda p: checkpoint_step(p) or -1)
+    raise FileNotFoundError(
+        f"run directory {str(path)!r} holds no checkpoint (no checkpoints/{BEST} or checkpoints/step_*.safetensors)"
+    )
 
 
 class CheckpointDir:
@@ -262,18 +199,6 @@ class CheckpointDir:
             old.unlink()
             self.owned.discard(old.name)
         return path
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Atomically make `dst` a hard link to `src` (no extra disk space), or a copy where links fail."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        atomic_write_bytes(dst, src.read_bytes())
 
 
 def trim_metrics(path: Path, step: int) -> None:

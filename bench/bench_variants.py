@@ -1,8 +1,8 @@
 """Benchmark the attention/position variants side by side: training tokens/s, KV-cache bytes per
 token, cached decoding tokens/s.
 
-    python -m scripts.bench_variants                       # the default model shape (small.yaml)
-    python -m scripts.bench_variants --d-model 128 --block-size 128 --batch-size 16
+    python -m bench.bench_variants                       # the default model shape (small.yaml)
+    python -m bench.bench_variants --d-model 128 --block-size 128 --batch-size 16
 
 Every variant is the same shape (4 layers, 4 heads) with random weights. A training step is the
 trainer's own step (Trainer.step: forward, backward, clipping, guard, optimizer) under the precision
@@ -25,6 +25,8 @@ import torch
 
 from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
+from generation.generate import generate
+from generation.sampling import SamplingParams
 from model import GPTConfig
 from training.config import TrainConfig
 from training.runtime import device_name, resolve_device
@@ -77,7 +79,7 @@ def main() -> None:
     def decode(name: str) -> float:
         model = models[name].eval()
         start = time.perf_counter()
-        model.generate(prompt, args.decode_tokens, temperature=0)
+        generate(model, prompt, SamplingParams(args.decode_tokens, temperature=0, top_k=None, seed=None))
         return time.perf_counter() - start
 
     for name in VARIANTS:  # warm-up

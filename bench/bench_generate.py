@@ -1,9 +1,9 @@
 """Benchmark generation: KV-cached vs uncached decoding, per-token latency, and HF GPT-2 for comparison.
 
-    python scripts/bench_generate.py                 # the GPT-2-layout model below, vocab 65
-    python scripts/bench_generate.py --vocab 50257   # GPT-2's vocabulary: the LM head dominates
-    python scripts/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
-    python scripts/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
+    python bench/bench_generate.py                 # the GPT-2-layout model below, vocab 65
+    python bench/bench_generate.py --vocab 50257   # GPT-2's vocabulary: the LM head dominates
+    python bench/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
+    python bench/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
                                                      # a second thread only helps on an otherwise idle CPU
 
 Model: 4 layers, d_model 256, 4 heads of d_k 64, learned positions (the earlier default, not today's
@@ -23,12 +23,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file (python scripts/bench_generate.py): make the repo importable
+if __package__ in (None, ""):  # run as a file (python bench/bench_generate.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
 from cli.schema_help import OneLineParser, at_least
+from generation.generate import generate
+from generation.sampling import SamplingParams
 from model import GPT, GPTConfig
 
 PROMPT = 64
@@ -100,7 +102,7 @@ def main() -> None:
         f"{model.num_params() / 1e6:.1f}M params, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     prompt = torch.randint(0, args.vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
-    model.generate(prompt, 16, temperature=0)  # warm-up
+    generate(model, prompt, SamplingParams(16, temperature=0, top_k=None, seed=None))  # warm-up
     if hf is not None:
         hf.generate(prompt, max_new_tokens=16, do_sample=False, pad_token_id=0)
 
@@ -109,7 +111,11 @@ def main() -> None:
     header += f" | {'HF GPT2 cached tok/s':>20} | {'ours / HF':>9}" if hf is not None else ""
     print("\n" + header + "\n" + "-" * len(header))
     for n in lengths:
-        runs = {"ours": lambda n=n: model.generate(prompt, n, temperature=0, use_cache=True)}
+        runs = {
+            "ours": lambda n=n: generate(
+                model, prompt, SamplingParams(n, temperature=0, use_cache=True, top_k=None, seed=None)
+            )
+        }
         if hf is not None:
             runs["hf"] = lambda n=n: hf.generate(
                 prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, pad_token_id=0
@@ -121,7 +127,12 @@ def main() -> None:
                 times[name].append(median_seconds(run, 1))
         cached = statistics.median(times["ours"])
         # Uncached runs are long and steady; one run each keeps the benchmark to a few minutes.
-        uncached = median_seconds(lambda n=n: model.generate(prompt, n, temperature=0, use_cache=False), 1)
+        uncached = median_seconds(
+            lambda n=n: generate(
+                model, prompt, SamplingParams(n, temperature=0, use_cache=False, top_k=None, seed=None)
+            ),
+            1,
+        )
         row = f"{n:>10} | {n / cached:>12.1f} | {n / uncached:>14.1f} | {uncached / cached:>7.1f}x"
         if hf is not None:
             hf_s = statistics.median(times["hf"])

@@ -1,9 +1,9 @@
 """The best model per CPU-minute: recipes trained for the same whole-process wall-clock, side by side
 in one run, each scored on *every* token of the val split.
 
-    python scripts/bench_quality.py                          # the default vs nanoGPT's CPU baby GPT, 300 s each
-    python scripts/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default adamw ...
-    python scripts/bench_quality.py --budget 300 -- data=shakespeare_gpt2   # Hydra overrides for every recipe
+    python bench/bench_quality.py                          # the default vs nanoGPT's CPU baby GPT, 300 s each
+    python bench/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default adamw ...
+    python bench/bench_quality.py --budget 300 -- data=shakespeare_gpt2   # Hydra overrides for every recipe
 
 Each recipe is `python train.py` with its overrides, `budget_s` set so the whole process (start-up,
 data, training, the last evaluation and save) fits the budget; the process's wall-clock is measured
@@ -18,7 +18,7 @@ keeps the budget but takes it out of the training runs: it first times every rec
 for the steps its speed buys in (budget - start-up) seconds. Those runs are deterministic, so they may
 run in parallel under any load (--jobs).
 
-    python scripts/bench_quality.py --equal-time-steps --budget 150 --seeds 1 2 3 --jobs 2 --reference default \
+    python bench/bench_quality.py --equal-time-steps --budget 150 --seeds 1 2 3 --jobs 2 --reference default \
         --recipes default adamw cosine batch_12 relu2 untied learned_positions fp32   # the recipe ablation
 """
 
@@ -41,13 +41,13 @@ import torch
 
 from analysis.stats import fmt_interval, t_interval
 from analysis.trained import find_checkpoint, load_model
+from bench.bench_train import load_config
 from cli.schema_help import OneLineParser, at_least
 from data.config import DataConfig
 from data.prepare import prepare
-from scripts.bench_train import load_config
-from training.evaluate import bits_per_byte, split_loss
-from training.fairness import measure_seconds_per_step
-from training.run_files import SUMMARY
+from rundir.files import SUMMARY
+from studies.fairness import measure_seconds_per_step
+from training.evaluate import split_loss
 from training.runtime import autocast, device_name, resolve_device, resolve_precision
 from training.trainer import Trainer
 
@@ -110,7 +110,7 @@ def score(run: Path) -> dict:
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(ckpt.meta["config"].get("precision", "auto"), device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
-    bpb = bits_per_byte(loss, data.val_tokens, data.val_bytes)
+    bpb = data.bits_per_byte(loss)
     return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb}
 
 

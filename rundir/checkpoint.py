@@ -8,10 +8,8 @@ recompute it). The file is written to a temporary file, fsynced and renamed, so 
 instant leaves the previous checkpoint whole.
 """
 
-import errno
 import hashlib
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,8 @@ import safetensors
 import safetensors.torch
 import torch
 from torch import Tensor, nn
+
+from rundir.files import atomic_write_bytes
 
 FORMAT = "attnlab-checkpoint"
 FORMAT_VERSION = 2  # 2: adds the sha256 digest
@@ -133,31 +133,6 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     metadata = {"attnlab": header, "attnlab_sha256": digest(header, tensors)}
     atomic_write_bytes(path, safetensors.torch.save(tensors, metadata=metadata))
     return path
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Temp file in the same directory, fsync, rename, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise OSError(
-                e.errno,
-                f"no space to write {path} ({len(payload) / 1e6:.1f} MB: {os.strerror(e.errno)}); "
-                "earlier checkpoints are intact; free space, then continue with resume=auto",
-            ) from None
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a crash once the directory is synced
-    os.fsync(dir_fd)
-    os.close(dir_fd)
 
 
 def looks_like_pickle(head: bytes) -> bool:

@@ -1,8 +1,8 @@
 """Training throughput, MFU and memory, measured side by side in one run.
 
-    python scripts/bench_train.py                       # the default model and data
-    python scripts/bench_train.py --no-compile --steps 5
-    python scripts/bench_train.py -- model.n_head=8     # Hydra overrides after `--`
+    python bench/bench_train.py                       # the default model and data
+    python bench/bench_train.py --no-compile --steps 5
+    python bench/bench_train.py -- model.n_head=8     # Hydra overrides after `--`
 
 Table 1: tokens/s, MFU (against this machine's measured matmul peak for the row's dtype) and
 peak memory for explicit vs sdpa vs auto attention x fp32 vs bf16 x eager vs torch.compile, plus
@@ -45,12 +45,13 @@ from cli.config import compose_configs, composition_error, to_train_config
 from cli.schema_help import OneLineParser, at_least
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
+from interop.hf_model import to_hf_config
 from model import GPT
-from model.hf_interop import to_hf_config
+from rundir.files import SUMMARY
 from training.config import TrainConfig
-from training.run_files import SUMMARY
 from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
-from training.trainer import Trainer, train
+from training.setup import train
+from training.trainer import Trainer
 
 
 def load_config(overrides: list[str]) -> TrainConfig:

@@ -1,0 +1,1 @@
+"""Interoperability with Hugging Face transformers: GPT-2 weights and tokenizers in and out."""

@@ -1,0 +1,1 @@
+"""A run's directory: its lock, checkpoints, resume rules and records, behind `rundir.run.Run`."""

@@ -1,0 +1,213 @@
+"""`train(cfg)`: a run from its config to its last checkpoint. Set-up checks everything before anything in
+out_dir is written (the lock, the checkpoint to resume, the data, the sizes, the prompt of the closing
+sample), then the loop (training/trainer.py) runs, and the run ends with its plot and a sample."""
+
+import logging
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from data import PreparedData
+from data import prepare as prepare_data
+from generation.generate import encode_prompt, stream_text
+from generation.sampling import SamplingParams
+from model import GPT, GPTConfig
+from rundir.checkpoint import Checkpoint, restore_rng_state
+from rundir.run import Run, restore
+from training import distributed
+from training.config import TrainConfig
+from training.distributed import DistInfo
+from training.runtime import StopSignals, check_precision_runs, peak_flops, resolve_device
+from training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+SCAN_CHUNK = 1 << 24  # tokens per pass; keeps the scan of a huge memmap out of memory
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run training as configured; returns the final metrics. User errors raise ValueError /
+    FileNotFoundError before anything in out_dir is touched; a saved SIGTERM/SIGINT stop raises
+    training.runtime.RunInterrupted, a non-finite step under on_nonfinite=stop FloatingPointError."""
+    cfg.validate()
+    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device):
+        cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
+        run = Run(cfg.out_dir, cfg.keep_last)
+        distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
+        try:
+            trainer, resumed = set_up(cfg, run, dist, device)
+        except BaseException:
+            run.release(discard=True)  # refused at start-up: a directory made for it goes again
+            raise
+        try:
+            if trainer.run is None:  # resumed a finished run: its records stay as they are
+                return trainer.metrics
+            # From the first file written a signal stops the run at a saved step (wandb's start takes seconds).
+            with StopSignals() as stop:
+                start_records(trainer)
+                if resumed is not None:
+                    restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
+                metrics = trainer.fit(stop)
+            run.close()
+            if dist.is_main:
+                plot_run(Path(cfg.out_dir))
+            if cfg.sample_tokens > 0:
+                print_sample(trainer)
+            return metrics
+        finally:
+            run.close()
+            run.release()
+
+
+def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> tuple[Trainer, Checkpoint | None]:
+    """Every check, the data, the model and its resumed state; writes nothing into out_dir."""
+    check_precision_runs(cfg.precision, device)  # needs only the device: before the data, which can take minutes
+    resume_path = run.resume_path(cfg.resume, cfg.overwrite)
+    distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
+    data = distributed.main_first(lambda: prepare_data(cfg.data, progress=cfg.progress), dist)
+    check_data_fits(data, cfg.model, cfg.batch_size)
+    cfg.model.vocab_size = cfg.model.vocab_size or data.vocab_size  # before the memory check, which sizes it
+    prompt_ids = sample_prompt_ids(data, cfg.sample_prompt, cfg.sample_tokens)
+    check_fits_in_memory(cfg.model, device)
+    trainer = Trainer(cfg, data, device, dist)
+    trainer.sample_prompt_ids = prompt_ids
+    resumed = None
+    if resume_path is not None:
+        trainer.state, resumed = restore(resume_path, asdict(cfg), trainer.model, trainer.optimizer, data)
+        trainer.metrics = resumed.meta.get("metrics") or {}
+    trainer.prepare()
+    if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
+        if not run.holds(resume_path):  # out_dir would end with nothing in it to sample or continue
+            raise ValueError(
+                f"resume={resume_path} finished at step {trainer.state.step}: nothing left to train; raise "
+                f"max_steps or budget_s to continue it in {cfg.out_dir}"
+            )
+        log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
+    else:
+        trainer.run = run
+    return trainer, resumed
+
+
+def start_records(trainer: Trainer) -> None:
+    """Every check has passed: only now may this run replace what out_dir holds (rank 0 writes)."""
+    cfg, model = trainer.cfg, trainer.model
+    shape = {"n_head": cfg.model.n_head, "d_k": cfg.model.head_dim, "d_model": cfg.model.d_model}
+    shape |= {"n_layer": cfg.model.n_layer, "block_size": cfg.model.block_size, "params": model.num_params()}
+    shape |= {"params_non_embedding": model.num_params(exclude_embeddings=True)}
+    shape |= {"flops_per_token": model.flops_per_token(), "tokens_per_step": trainer.tokens_per_step}
+
+    def start() -> None:
+        peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
+        trainer.run.start(asdict(cfg), trainer.state, shape, peak)
+        log.info("%s", run_header(trainer))
+
+    distributed.on_main(start, trainer.dist)
+
+
+def run_header(trainer: Trainer) -> str:
+    """The few facts a person checks before walking away from a run (the rest is in RUN/config.yaml)."""
+    cfg, m = trainer.cfg, trainer.model.config
+    ends = [f"{cfg.max_steps} steps" if cfg.max_steps else "", f"{cfg.budget_s:g} s budget" if cfg.budget_s else ""]
+    start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
+    return (
+        f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
+        f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
+        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision} | {' or '.join(e for e in ends if e)}, "
+        f"{trainer.tokens_per_step:,} tokens/step{start}\nrun directory {cfg.out_dir} (full config: config.yaml)"
+    )
+
+
+# -- checks before any work ---------------------------------------------------------------------------------
+
+
+def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> None:
+    """The vocabulary fits the model, each split holds one batch, and every token id is in range."""
+    vocab = data.vocab_size
+    if model.vocab_size is not None and model.vocab_size < vocab:
+        raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab})")
+    need = batch_size * model.block_size + 1
+    for split in ("train", "val"):
+        tokens = getattr(data, split)
+        if len(tokens) < need:
+            raise ValueError(
+                f"the {split} split has {len(tokens)} tokens, fewer than one batch needs "
+                f"(batch_size={batch_size} x model.block_size={model.block_size} + 1 = {need}); "
+                "use more data or a smaller batch_size / model.block_size"
+            )
+        top = max_token(tokens)
+        if top >= vocab:
+            raise ValueError(
+                f"the {split} split holds token id {top}, outside the vocabulary [0, {vocab}); "
+                f"the prepared data in {data.directory} is corrupt: delete it to prepare again"
+            )
+
+
+def max_token(tokens: np.ndarray) -> int:
+    return max(int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK))
+
+
+def sample_prompt_ids(data: PreparedData, prompt: str, sample_tokens: int) -> list[int]:
+    """The end-of-run sample's prompt ids, checked now rather than after training ([] when no sample)."""
+    if sample_tokens == 0:
+        return []
+    if not prompt:
+        return [data.tokenizer.eot_id]  # the default: start the sample as a new document starts
+    try:
+        return encode_prompt(data.tokenizer, prompt, data.vocab_size)
+    except ValueError as e:
+        raise ValueError(f"sample_prompt={prompt!r}: {e}") from None
+
+
+def check_fits_in_memory(model: GPTConfig, device: torch.device) -> None:
+    """Refuse a model whose weights, gradients and AdamW state (16 bytes/parameter) exceed the memory."""
+    with torch.device("meta"):
+        params = GPT(model).num_params()
+    need = 16 * params
+    if device.type == "cuda":
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(
+            f"the model has {params / 1e6:,.0f}M parameters and needs about {need / 2**30:,.1f} GiB to train; "
+            f"this {device.type} has {have / 2**30:,.1f} GiB: make model.d_model / model.n_layer smaller"
+        )
+
+
+# -- the end of a run ---------------------------------------------------------------------------------------
+
+
+def print_sample(trainer: Trainer) -> None:
+    """A few hundred tokens from the trained model, so a run ends with something to read."""
+    cfg = trainer.cfg
+    val_loss = trainer.metrics.get("val/loss", math.nan)
+    if not math.isfinite(val_loss):  # e.g. diverged under on_nonfinite=skip: its logits are NaN/inf too
+        log.warning("no end-of-run sample: the final val loss is %s", val_loss)
+        return
+    model, _ = distributed.gather_for_save(
+        trainer.model, None, lambda: GPT(cfg.model), trainer.new_optimizer, trainer.dist
+    )
+
+    def show() -> None:
+        params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
+        tokens = stream_text(
+            model.to(trainer.device).eval(), trainer.data.tokenizer, trainer.sample_prompt_ids, params, trainer.device
+        )
+        print(f"\n--- sample ---\n{cfg.sample_prompt}{''.join(tokens)}\n--------------")
+
+    distributed.on_main(show, trainer.dist)
+
+
+def plot_run(out_dir: Path) -> None:
+    """RUN/plots.png: losses, lr and tokens/s against step and wall time (scripts/plot_run.py)."""
+    from rundir.plots import plot_runs  # matplotlib takes a second to import: only once the run is done
+
+    try:
+        plot_runs([out_dir], out_dir / "plots.png")
+    except (OSError, ValueError) as e:  # a plot is a convenience: it never fails a finished run
+        log.warning("no plots.png: %s", e)
