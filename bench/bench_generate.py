@@ -29,8 +29,7 @@ if __package__ in (None, ""):  # run as a file (python bench/bench_generate.py):
 import torch
 
 from cli.schema_help import OneLineParser, at_least
-from generation.generate import generate
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate
 from model import GPT, GPTConfig
 
 PROMPT = 64

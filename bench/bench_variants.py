@@ -25,8 +25,7 @@ import torch
 
 from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
-from generation.generate import generate
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate
 from model import GPTConfig
 from training.config import TrainConfig
 from training.runtime import device_name, resolve_device

@@ -28,8 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.config import DataConfig, resolve_cache_dir
-from data.fetch import publish_dir
-from data.sources import load_documents, source_identity
+from data.sources import load_documents, publish_dir, source_identity
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
 
 if TYPE_CHECKING:  # imported only when a corpus is actually prepared: a cache hit does not pay for it

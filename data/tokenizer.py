@@ -14,7 +14,7 @@ from pathlib import Path
 import tiktoken
 import tiktoken.load
 
-from data import fetch
+from data import sources
 from data.config import TOKENIZERS, DataConfig, resolve_cache_dir
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ BYTE_OF_SYMBOL = byte_level_symbols()
 
 
 def gpt2_encoding_from_file(path: Path) -> tiktoken.Encoding:
-    ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=fetch.GPT2_RANKS_SHA256)
+    ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=sources.GPT2_RANKS_SHA256)
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=GPT2_PATTERN,
@@ -216,10 +216,10 @@ def _tiktoken_gpt2(timeout_s: float) -> tiktoken.Encoding | None:
 
 def gpt2_tokenizer(cache_dir: Path) -> GPT2Tokenizer:
     # A ranks file we already verified is the one source that needs no network at all.
-    path = fetch.gpt2_ranks_file(cache_dir, download=False)
+    path = sources.gpt2_ranks_file(cache_dir, download=False)
     encoding = None if path else _tiktoken_gpt2(TIKTOKEN_TIMEOUT_S)
     if encoding is None:
-        encoding = gpt2_encoding_from_file(path or fetch.gpt2_ranks_file(cache_dir))
+        encoding = gpt2_encoding_from_file(path or sources.gpt2_ranks_file(cache_dir))
     return GPT2Tokenizer(encoding)
 
 

@@ -14,8 +14,7 @@ import torch
 
 from analysis.attention import token_label, token_text
 from analysis.head_mask import gates_without
-from generation.generate import stream_text
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, stream_text
 from lab import runs
 from lab.measures import attention_layer, float32_base64, gated, next_token_top, prompt_loss
 from lab.session import LabSession

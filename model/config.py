@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: CausalSelfAttention.kernel
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
-ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/mlp.py
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/block.py
 NORMS = ("layernorm", "rmsnorm")
 
 

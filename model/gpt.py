@@ -3,7 +3,7 @@ Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks,
 
 The defaults are GPT-2's; the config (model/config.py) can swap the positions (sinusoidal, RoPE:
 model/position.py), share key/value heads (GQA/MQA) and normalise queries and keys
-(model/attention.py), change the MLP's activation (model/mlp.py) and the norm, untie the head,
+(model/attention.py), change the MLP's activation (model/block.py) and the norm, untie the head,
 zero-init the residual projections, and soft-cap the logits or add a z-loss.
 """
 

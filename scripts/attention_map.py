@@ -26,7 +26,7 @@ from analysis.outputs import check_replaceable
 from analysis.trained import load_trained
 from cli.schema_help import OneLineParser
 from generation.generate import encode_prompt
-from rundir.plots import image_path
+from rundir.records import image_path
 from training.runtime import resolve_device
 
 log = logging.getLogger("attention_map")

@@ -94,7 +94,7 @@ def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple]
         ) from None
     data = prepare(data_cfg, progress=False)
     prepared = data.tokenizer_meta
-    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule rundir/resume.py applies
+    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule rundir/run.py applies
         # the same ids would mean other tokens: the numbers would be wrong, not an error
         raise ValueError(
             f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "

@@ -3,7 +3,7 @@
     python scripts/plot_run.py outputs/latest                       # -> outputs/latest/plots.png
     python scripts/plot_run.py runs/h4_dk8 runs/h1_dk32 --out compare.png   # overlaid, one colour per run
 
-Reads RUN/metrics.jsonl only (see rundir/plots.py); no wandb needed. An existing image is
+Reads RUN/metrics.jsonl only (see rundir/records.py); no wandb needed. An existing image is
 replaced only with --force, except one run's own RUN/plots.png (the default), which the trainer
 redraws too. A bad input prints one line `error: ...` and writes nothing.
 """
@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): mak
 
 from analysis.outputs import check_replaceable
 from cli.schema_help import OneLineParser
-from rundir.plots import image_path, plot_runs
+from rundir.records import image_path, plot_runs
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,8 +35,7 @@ from cli.ctrl_c import exit_quietly_on_ctrl_c
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
     from analysis.trained import load_trained
     from cli.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
-    from generation.generate import check_context_length, encode_prompt, stream_text
-    from generation.sampling import SamplingParams
+    from generation.generate import SamplingParams, check_context_length, encode_prompt, stream_text
     from training.runtime import resolve_device
 
 SEPARATOR = "\n---------------\n"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from data import prepare as prepare_data
-from model import GPTConfig
+from model.config import GPTConfig
 from training.config import TrainConfig
 from training.distributed import env_info, local_device
 from training.runtime import resolve_device

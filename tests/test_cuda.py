@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from cli.config import to_train_config
-from generation.generate import generate, pad_prompts
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate, pad_prompts
 from model import GPT, GPTConfig
 from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
 from model.materialized_attention import causal_materialized_attention

@@ -14,10 +14,11 @@ import torch
 
 from data import PreparedData
 from data import prepare as prepare_data
-from generation.generate import encode_prompt, stream_text
-from generation.sampling import SamplingParams
-from model import GPT, GPTConfig
+from generation.generate import SamplingParams, encode_prompt, stream_text
+from model.config import GPTConfig
+from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, restore_rng_state
+from rundir.records import plot_runs
 from rundir.run import Run, restore
 from training import distributed
 from training.config import TrainConfig
@@ -205,8 +206,6 @@ def print_sample(trainer: Trainer) -> None:
 
 def plot_run(out_dir: Path) -> None:
     """RUN/plots.png: losses, lr and tokens/s against step and wall time (scripts/plot_run.py)."""
-    from rundir.plots import plot_runs  # matplotlib takes a second to import: only once the run is done
-
     try:
         plot_runs([out_dir], out_dir / "plots.png")
     except (OSError, ValueError) as e:  # a plot is a convenience: it never fails a finished run

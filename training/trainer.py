@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from data import PreparedData, batch_layout, eval_batches, sample_batch
-from model import GPT
+from model.gpt import GPT
 from rundir.run import Run, RunState
 from training import distributed
 from training.config import TrainConfig

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 
 from analysis.attention import attention_maps
 from analysis.head_mask import gates_without, head_gates
-from generation.generate import generate
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate
 from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

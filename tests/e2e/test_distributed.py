@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from cli.config import to_train_config
 from cli.train_output import hydra_argv
 from data.batches import BatchLayout, batch_layout, sample_batch
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams
 from rundir.checkpoint import load_checkpoint
 from scripts.sample import SampleConfig, sample
 from tests.e2e.distributed_worker import failing_worker, free_port, json_worker

@@ -14,7 +14,7 @@ import torch
 from analysis.trained import find_checkpoint, load_model
 from cli.schema_help import show_default
 from data.tokenizer import CharTokenizer
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams
 from model import GPT, GPTConfig
 from rundir.checkpoint import save_checkpoint
 from scripts.sample import SampleConfig, cli_fields, main, parse_args, sample

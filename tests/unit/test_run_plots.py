@@ -1,4 +1,4 @@
-"""rundir/plots.py and scripts/plot_run.py: metrics.jsonl read leniently, several runs in one PNG."""
+"""rundir/records.py and scripts/plot_run.py: metrics.jsonl read leniently, several runs in one PNG."""
 
 import json
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rundir.plots import plot_runs, read_metrics, run_labels, series
+from rundir.records import plot_runs, read_metrics, run_labels, series
 from scripts.plot_run import main
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from generation.sampling import SamplingParams, keep_top_k, keep_top_p, sample_next
+from generation.generate import SamplingParams, keep_top_k, keep_top_p, sample_next
 
 N = 4000  # draws per distribution; rows of one batch, so one multinomial call
 

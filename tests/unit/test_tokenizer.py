@@ -9,7 +9,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
 
-from data import build_tokenizer, fetch, tokenizer_from_meta
+from data import build_tokenizer, sources, tokenizer_from_meta
 from data import tokenizer as tokenizer_mod
 from data.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
 
@@ -161,7 +161,7 @@ def test_gpt2_pattern_splits_like_tiktoken(gpt2_cache):
     reference = tiktoken.Encoding(
         name="r50k_reference",
         pat_str=tiktoken_ext.openai_public.r50k_pat_str,
-        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(fetch.gpt2_ranks_file(gpt2_cache))),
+        mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(sources.gpt2_ranks_file(gpt2_cache))),
         special_tokens={"<|endoftext|>": 50256},
     )
     samples = [

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rundir.resume import RESUMABLE_MODEL_FIELDS, check_compatible, check_same_model, checkpoint_meta
+from rundir.run import RESUMABLE_MODEL_FIELDS, check_compatible, check_same_model, checkpoint_meta
 from studies import fairness
 from tests.helpers import tiny_trainer
 
@@ -117,7 +117,7 @@ def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tm
     trainer = tiny_trainer(tmp_path)
     meta = checkpoint_meta(trainer.state, asdict(trainer.cfg), trainer.data, {}) | {"optim_param_groups": []}
     ckpt = SimpleNamespace(meta=meta)  # check_compatible reads only the header
-    with caplog.at_level(logging.WARNING, logger="rundir.resume"):
+    with caplog.at_level(logging.WARNING, logger="rundir.run"):
         check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
         assert not caplog.records  # the same run continues as it would have
         meta["data_fingerprint"], meta["config"]["seed"] = "another corpus", trainer.cfg.seed + 1

@@ -9,8 +9,7 @@ import torch
 
 from analysis.trained import load_model
 from cli.config import to_train_config
-from generation.generate import generate
-from generation.sampling import SamplingParams
+from generation.generate import SamplingParams, generate
 from model import GPT, GPTConfig
 from model.position import SinusoidalPositions
 from rundir.checkpoint import save_checkpoint
