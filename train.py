@@ -9,16 +9,12 @@ Examples:
     torchrun --standalone --nproc_per_node=4 train.py  # DDP on 4 GPUs (or CPU processes), same results
 """
 
-import contextlib
-import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
-from typing import NoReturn
 
-from cli.ctrl_c import exit_quietly_on_ctrl_c
+from cli.errors import exit_quietly_on_ctrl_c, exit_with_error
 
 with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     import hydra
@@ -40,17 +36,6 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
 log = logging.getLogger("train")
 USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()
-
-
-def fail(message: str) -> NoReturn:
-    """Exit 1 with `message`. Under torchrun it goes into this rank's error file too (the format of torch's
-    own `@record`), so the failure summary torchrun prints after it (its own: no rank can stop it) names
-    this line as the root cause rather than a link to its docs."""
-    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        extra = {"py_callstack": message, "timestamp": str(int(time.time()))}
-        with contextlib.suppress(OSError):
-            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
-    sys.exit(message)
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
@@ -95,7 +80,7 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
-        fail(f"error: {e}")
+        exit_with_error(e)
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
@@ -116,11 +101,11 @@ if __name__ == "__main__":
         sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
         main()
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
-        fail(f"error: {composition_error(e)}")
+        exit_with_error(composition_error(e))
     except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
         if cli.SweepHint.sweep:  # Hydra raises it once the sweep's other jobs have run
             print(cli.sweep_hint(**cli.SweepHint.sweep, failed=True), file=sys.stderr)
-        sys.exit(f"error: {e}")
+        exit_with_error(e)
     except KeyboardInterrupt:  # during start-up (a run dir made for it is gone again) or a second Ctrl-C
         print("interrupted", file=sys.stderr)
         sys.exit(130)

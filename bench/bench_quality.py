@@ -42,6 +42,7 @@ import torch
 from analysis.stats import fmt_interval, t_interval
 from analysis.trained import find_checkpoint, load_model
 from bench.bench_train import load_config
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least
 from data.config import DataConfig
 from data.prepare import prepare
@@ -189,7 +190,7 @@ def main() -> None:
         try:
             print(json.dumps(score(args.score)))
         except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
-            sys.exit(f"error: {e}")
+            exit_with_error(e)
         return
     if not STARTUP_S < args.budget < math.inf:  # NaN fails both
         parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")

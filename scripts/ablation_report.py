@@ -25,6 +25,7 @@ from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
 from analysis.report import choose_reference, differences, markdown_report
 from analysis.sweep import COMPLETED, find_runs, group_cells, sweep_plans, varying_keys
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from rundir.files import RUN_INFO
 
@@ -122,7 +123,7 @@ def main() -> None:
     try:
         write_report(args.sweep_dir, args.out, args.reference, args.paper, args.force)
     except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, name too long)
-        sys.exit(f"error: {e}")
+        exit_with_error(e)
 
 
 if __name__ == "__main__":

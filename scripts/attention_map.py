@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from analysis.attention import attention_maps, token_label, token_text
 from analysis.outputs import check_replaceable
 from analysis.trained import load_trained
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from generation.generate import encode_prompt
 from rundir.records import image_path
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device, args.force)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        exit_with_error(e)
     log.info("wrote %s", path)
 
 

@@ -35,6 +35,7 @@ from analysis.head_importance import (
 )
 from analysis.outputs import check_out_dir, check_replaceable
 from analysis.trained import Trained, load_trained
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from data.batches import eval_batches
 from data.config import DataConfig
@@ -264,7 +265,7 @@ def main() -> None:
     try:
         path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text, args.force)
     except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, a name too long)
-        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        exit_with_error(e)
     log.info("wrote %s", path)
 
 

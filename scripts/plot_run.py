@@ -16,6 +16,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): mak
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.outputs import check_replaceable
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from rundir.records import image_path, plot_runs
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
             check_replaceable(image_path(out), args.force)
         path = plot_runs(args.run_dirs, out)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        exit_with_error(e)
     print(f"wrote {path}")
 
 

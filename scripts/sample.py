@@ -17,74 +17,27 @@ cannot take, such as a context_length past its block_size, the prompt).
 """
 
 import argparse
-import dataclasses
 import difflib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.ctrl_c import exit_quietly_on_ctrl_c
+from cli.errors import exit_quietly_on_ctrl_c, exit_with_error
 
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
-    from analysis.trained import load_trained
-    from cli.schema_help import FieldDoc, OneLineParser, schema_fields, show_default
-    from generation.generate import SamplingParams, check_context_length, encode_prompt, stream_text
+    from cli.schema_help import FieldDoc, OneLineParser, show_default
+    from generation.generate import SamplingParams
+    from scripts.sample_repl import repl
+    from scripts.sampler import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
     from training.runtime import resolve_device
 
-SEPARATOR = "\n---------------\n"
-CLI_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.name != "stop_token"]  # --stop-at-eot
-
-
-@dataclass
-class SampleConfig:
-    checkpoint: str = ""  # a checkpoint written by train.py, or a run directory (its best checkpoint)
-    prompt: str = "\n"  # the text to continue, as typed; "-" reads it from stdin
-    prompt_file: str | None = None  # read the prompt from this UTF-8 file instead
-    num_samples: int = 1  # samples per prompt, separated by a line of dashes
-    stream: bool = False  # print tokens as they are sampled
-    interactive: bool = False  # a prompt loop on stdin that loads the model once (:help lists its commands)
-    stop_at_eot: bool = False  # end a sample at the tokenizer's end-of-text token
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    cache_dir: str = ""  # tokenizer files (GPT-2 ranks); "" = the checkpoint's data.cache_dir
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-
-    def validate(self) -> None:
-        """Checks only (the sampling settings checked themselves); ValueError naming the first bad value."""
-        if not self.checkpoint:
-            raise ValueError("no checkpoint given; pass a checkpoint file or a run directory first")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
-
-
 # --- the command line: options generated from the schema, so --help cannot drift from it ---
-
-
-def cli_fields() -> list[FieldDoc]:
-    """The options sample.py takes: SampleConfig's own fields, then the sampling settings."""
-    own = [d for d in schema_fields(SampleConfig) if not d.name.startswith("sampling.")]
-    sampling = {d.name: d for d in schema_fields(SamplingParams)}
-    return own + [sampling[name] for name in CLI_SAMPLING_FIELDS]
-
-
-def value_parser(doc: FieldDoc) -> Callable[[str], object]:
-    """str -> the field's type; `none`/`null` for an optional field."""
-    base = {"int": int, "float": float, "str": str}[doc.type.replace(" | None", "")]
-    optional = doc.type.endswith("| None")
-
-    def parse(text: str) -> object:
-        if optional and text.strip().lower() in ("none", "null", ""):
-            return None
-        return base(text)
-
-    parse.__name__ = doc.type.replace(" | None", "")  # argparse names it in "invalid int value: 'x'"
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,13 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
             metavar = doc.type.replace(" | None", "").upper()
             parser.add_argument(flag, type=value_parser(doc), metavar=metavar, help=meaning)
     return parser
-
-
-def bool_word(key: str, text: str) -> bool:
-    words = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-    if text.strip().lower() not in words:
-        raise ValueError(f"{key}={text!r} is invalid; it must be true or false")
-    return words[text.strip().lower()]
 
 
 def normalize_argv(argv: Iterable[str]) -> list[str]:
@@ -230,57 +176,11 @@ def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     return text
 
 
-class Sampler:
-    """A loaded model and tokenizer, sampling prompt after prompt (the REPL loads once)."""
-
-    def __init__(self, cfg: SampleConfig) -> None:
-        cfg.validate()
-        self.device = resolve_device(cfg.device)
-        trained = load_trained(cfg.checkpoint, self.device, cfg.cache_dir)
-        self.model, self.tokenizer, self.path = trained.model, trained.tokenizer, trained.path
-
-    def params(self, cfg: SampleConfig) -> SamplingParams:
-        """cfg's settings with the stop token resolved; the context length checked against the model."""
-        params = dataclasses.replace(cfg.sampling, stop_token=self.tokenizer.eot_id if cfg.stop_at_eot else None)
-        check_context_length(self.model, params.context_length)
-        return params
-
-    def sample(self, text: str, cfg: SampleConfig, out: TextIO) -> list[str]:
-        """Write cfg.num_samples continuations of `text` to `out`; return them (prompt included).
-
-        Everything that can fail on the user's input is checked before the first write."""
-        params = self.params(cfg)
-        ids = encode_prompt(self.tokenizer, text, self.model.config.vocab_size)
-        generator = params.make_generator(self.device)  # one per call: samples 2..n continue its draws
-        samples = []
-        for i in range(cfg.num_samples):
-            if i:
-                out.write(SEPARATOR)
-            out.write(text)
-            pieces = []
-            for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
-                pieces.append(piece)
-                if cfg.stream:
-                    out.write(piece)
-                    out.flush()
-            completion = "".join(pieces)
-            out.write(("" if cfg.stream else completion) + "\n")
-            out.flush()
-            samples.append(text + completion)
-        return samples
-
-
 def sample(cfg: SampleConfig, out: TextIO | None = None, stdin: TextIO | None = None) -> list[str]:
     """Load the checkpoint, then write cfg.num_samples continuations of the prompt to `out` (stdout)."""
     cfg.validate()
     text = read_prompt(cfg, stdin or sys.stdin)
     return Sampler(cfg).sample(text, cfg, out or sys.stdout)
-
-
-def exit_with_error(e: Exception, code: int) -> NoReturn:
-    message = str(e).splitlines()[0] if str(e) else type(e).__name__
-    sys.stderr.write(f"error: {message}\n")
-    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -292,8 +192,6 @@ def main(argv: list[str] | None = None) -> None:
         exit_with_error(OSError("stdout is closed; there is nowhere to write the sample"), 1)
     try:
         if cfg.interactive:
-            from scripts.sample_repl import repl  # here: the REPL module imports this one
-
             repl(Sampler(cfg), cfg, sys.stdin, sys.stdout, sys.stderr)
         else:
             sample(cfg)

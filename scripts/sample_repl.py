@@ -11,7 +11,7 @@ import difflib
 from typing import TextIO
 
 from cli.schema_help import show_default
-from scripts.sample import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
+from scripts.sampler import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
 
 REPL_ALIASES = {"max": "max_new_tokens", "temp": "temperature", "k": "top_k", "p": "top_p", "n": "num_samples"}
 REPL_SETTINGS = ("num_samples", "stream", "stop_at_eot")  # SampleConfig fields the REPL may change

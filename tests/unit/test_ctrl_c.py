@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from cli.ctrl_c import exit_quietly_on_ctrl_c
+from cli.errors import exit_quietly_on_ctrl_c
 
 
 @pytest.fixture

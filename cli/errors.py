@@ -1,0 +1,53 @@
+"""How an entry point fails: a problem the user can fix is one line `error: ...` on stderr and a non-zero
+exit (the only place that turns an exception into that line), and Ctrl-C in the seconds an entry point
+takes to import torch is a quiet exit 130, not a traceback from deep inside an import (nothing is
+written while the imports run, so nothing can be lost)."""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
+
+def _exit_now(*_) -> None:
+    # No unwinding: an exception raised mid-import can be swallowed by a library's bare `except:` and leave
+    # a half-imported module behind (numpy then recurses without end, as a CI run once showed).
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+@contextmanager
+def exit_quietly_on_ctrl_c() -> Iterator[None]:
+    """Inside the block Ctrl-C exits at once; after it, the handler before (Python's, or an inherited
+    ignore, which is kept throughout) is back."""
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as the one line a user reads: its message's first line, or its type's name."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def exit_with_error(e: BaseException | str, code: int = 1) -> NoReturn:
+    """Exit `code` with `error: ...`. Under torchrun the line goes into this rank's error file too (the
+    format of torch's own `@record`), so the failure summary torchrun prints after it names this line as
+    the root cause rather than a link to its docs."""
+    message = f"error: {e if isinstance(e, str) else error_line(e)}"
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        extra = {"py_callstack": message, "timestamp": str(int(time.time()))}
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+    sys.stderr.write(message + "\n")
+    sys.exit(code)
