@@ -183,7 +183,7 @@ def run_view(session: LabSession, body: dict) -> dict:
     path = text(body, "path").strip() or (str(session.run_dir) if session.run_dir else "")  # as load reads it
     if not path:
         raise ValueError("give a run directory or a sweep directory")
-    return runs.view(path)
+    return runs.view(session.inside_root(path))
 
 
 ROUTES = {

@@ -6,11 +6,21 @@ else as 500 with the traceback in the server's log, never on the page; the serve
 Every request's body is read whole, whatever the method and path, so its bytes are never taken for the
 next request. A body it will not read (a bad or too large Content-Length) is refused at once, what the
 client still sends of it is read away, and the connection closed; a client that hangs up is no error.
+
+Only the lab's own page may use it, as Jupyter guards its server: a Host that is no name of this lab is a
+403 (a foreign site's name rebound to 127.0.0.1, DNS rebinding), so is an Origin other than the page's
+own; every /api/ request must carry the per-launch token of the printed URL (header X-Lab-Token or
+?token=), so no other site, user or process on the machine can drive it; a POST body must be
+application/json (415), which a foreign page cannot send without a CORS preflight, and the lab approves
+none. The page's static files need no token.
 """
 
 import contextlib
+import ipaddress
 import json
 import logging
+import re
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -18,6 +28,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from lab import api
 from lab.session import LabSession
@@ -55,9 +66,46 @@ def json_object(body: bytes) -> dict:
     return value
 
 
+def ip_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`name` (a host, [v6] in brackets or not) as an IP address; None for a name."""
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    address = ip_address(host)
+    return address.is_loopback if address else host.lower() == "localhost"
+
+
+class LabServer(ThreadingHTTPServer):
+    """The HTTP server of one lab: its session, the host names it answers to and its per-launch token."""
+
+    daemon_threads = True
+
+    def __init__(self, session: LabSession, host: str, port: int) -> None:
+        super().__init__((host, port), LabHandler)
+        self.session = session
+        self.token = secrets.token_urlsafe(32)
+        # An IP address cannot be rebound (DNS rebinding needs a name), so any is taken; of names, those a
+        # user may type: localhost, the --host given and, when it listens beyond this machine, its own name.
+        names = {"localhost", host} | (set() if is_loopback(host) else {socket.gethostname()})
+        self.names = {name.lower() for name in names if name}
+
+    def answers_to(self, host: str) -> bool:
+        """Whether a request's Host header names this lab. Its port is not compared: an ssh tunnel
+        (ssh -L 9000:127.0.0.1:PORT) reaches the lab as localhost:9000, and a port rebinds nothing."""
+        name = re.sub(r":[0-9]*$", "", host).lower()  # [::1]:8000 -> [::1]; a bare [::1] ends in ]
+        return ip_address(name) is not None or name in self.names
+
+
 class LabHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # chunked transfer for the streamed sample
-    session: LabSession  # set on the subclass make_server builds
+    server: LabServer
+
+    @property
+    def session(self) -> LabSession:
+        return self.server.session
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -73,6 +121,7 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", f"{content_type}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Frame-Options", "DENY")  # no foreign page may frame the lab and steer its clicks
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -90,7 +139,7 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_bytes(status, json.dumps(payload).encode(), "application/json")
 
     def do_GET(self) -> None:
-        if self.take_body() is None:
+        if self.take_body() is None or self.refused():
             return
         path = self.path.split("?", 1)[0]
         if path == "/api/info":
@@ -104,7 +153,7 @@ class LabHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.take_body()
-        if body is None:
+        if body is None or self.refused():
             return
         path = self.path.split("?", 1)[0]
         if path == "/api/sample":
@@ -113,6 +162,33 @@ class LabHandler(BaseHTTPRequestHandler):
         if route is None:
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
         self.answer(lambda: route(self.session, json_object(body)))
+
+    def refused(self) -> bool:
+        """Answer a request not from the lab's own page with its 403 or 415 (see the module's docstring)."""
+        refusal = self.refusal()
+        if refusal:
+            self.send_json(*refusal)
+        return refusal is not None
+
+    def refusal(self) -> tuple[HTTPStatus, dict] | None:
+        host, origin = self.headers.get("Host", ""), self.headers.get("Origin")
+        if not self.server.answers_to(host):
+            return HTTPStatus.FORBIDDEN, {"error": f"Host {host!r} is not this lab; open the URL the lab printed"}
+        if origin is not None and origin.lower() != f"http://{host}".lower():
+            return HTTPStatus.FORBIDDEN, {"error": f"Origin {origin!r} is not this lab's page; it answers only its own"}
+        path, _, query = self.path.partition("?")
+        if not path.startswith("/api/"):
+            return None
+        token = self.headers.get("X-Lab-Token") or parse_qs(query).get("token", [""])[0]
+        # compare_digest: its time tells nothing of how much of a guess was right (as bytes: a str must be ASCII)
+        if not secrets.compare_digest(token.encode(), self.server.token.encode()):
+            error = "the lab's API needs its token: open the URL the lab printed, with its ?token="
+            return HTTPStatus.FORBIDDEN, {"error": error}
+        kind = self.headers.get_content_type()  # text/plain when there is none
+        if self.command == "POST" and kind != "application/json":
+            error = f"the request's Content-Type is {kind}; the API takes application/json only"
+            return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": error}
+        return None
 
     def body_length(self) -> int:
         """The Content-Length to read, refused (RefusedBody) unless a byte count of at most MAX_BODY."""
@@ -197,14 +273,12 @@ class LabHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def make_server(session: LabSession, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def make_server(session: LabSession, host: str = "127.0.0.1", port: int = 0) -> LabServer:
     """A server bound to (host, port); port 0 picks a free one (read it from server.server_address)."""
-    handler = type("BoundLabHandler", (LabHandler,), {"session": session})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return LabServer(session, host, port)
 
 
-def url_of(server: ThreadingHTTPServer) -> str:
+def url_of(server: LabServer) -> str:
+    """The page's URL with the token, as the lab prints it."""
     host, port = server.server_address[:2]
-    return f"http://{host}:{port}/"
+    return f"http://{host}:{port}/?token={server.token}"

@@ -3,6 +3,10 @@
 The model is loaded once and used under a lock: head gates are hooks on the shared model, so two
 requests running at once would see each other's gates. A lab serves one person; serialising is
 cheaper than a model copy per request.
+
+The page may open runs and checkpoints under one folder only, `root` (by default the folder that holds
+the run the lab was started on): the API takes paths from a browser, and must not list or load the
+whole machine for whoever reaches it.
 """
 
 import threading
@@ -28,17 +32,37 @@ def run_dir_of(source: Path, checkpoint: Path) -> Path | None:
     return run if checkpoint.parent.name == "checkpoints" and (run / METRICS).is_file() else None
 
 
+def default_root(source: Path) -> Path:
+    """The folder holding the run of `source` (a run directory or RUN/checkpoints/FILE), else the checkpoint
+    file's own folder: the run's siblings (a sweep's other runs) stay in reach. Taken before symlinks are
+    followed, so outputs/latest gives outputs/."""
+    source = source.expanduser().absolute()
+    run = run_dir_of(source, source)
+    return (run or source).parent
+
+
 class LabSession:
     """The model, tokenizer and checkpoint a lab server works with; use `with session.lock:` around the model."""
 
-    def __init__(self, source: str | Path, device: str = "cpu") -> None:
+    def __init__(self, source: str | Path, device: str = "cpu", root: str | Path | None = None) -> None:
         self.lock = threading.Lock()
         self.device = resolve_device(device)
+        self.root = Path(root or default_root(Path(source))).expanduser().resolve()
         self.load(source)
 
+    def inside_root(self, path: str | Path) -> Path:
+        """`path` as given, refused (ValueError) unless it lies under `root` once symlinks and '..' are resolved."""
+        path = Path(path).expanduser()
+        if not path.resolve().is_relative_to(self.root):
+            raise ValueError(
+                f"{str(path)!r} is outside {str(self.root)!r}, the folder this lab opens runs and checkpoints from "
+                "(scripts/lab.py --root sets it)"
+            )
+        return path
+
     def load(self, source: str | Path) -> None:
-        """Load a checkpoint or run directory; on any error the previous model stays."""
-        source = Path(source).expanduser()
+        """Load a checkpoint or run directory under `root`; on any error the previous model stays."""
+        source = self.inside_root(source)
         trained = load_trained(source, self.device)
         with self.lock:
             self.model: GPT = trained.model

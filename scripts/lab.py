@@ -1,8 +1,9 @@
-"""The attnlab lab, a local web page: `python scripts/lab.py RUN_OR_CKPT [--host H] [--port P] [--device D]`.
+"""The attnlab lab, a local web page: `python scripts/lab.py RUN_OR_CKPT [--host H] [--port P] [--root DIR]`.
 
 Loads the checkpoint once (a run directory means its checkpoints/best.safetensors, else its newest
-step_*.safetensors), prints the page's URL and serves until Ctrl-C. --port 0 picks a free port.
-A problem the user can fix exits non-zero with one line `error: ...`.
+step_*.safetensors), prints the page's URL with its per-launch token and serves until Ctrl-C. --port 0
+picks a free port. The page opens runs and checkpoints under --root only (default: the folder holding
+the run). A problem the user can fix exits non-zero with one line `error: ...`.
 """
 
 import argparse
@@ -16,7 +17,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.schema_help import OneLineParser
-from lab.server import make_server, url_of
+from lab.server import is_loopback, make_server, url_of
 from lab.session import LabSession
 from training.runtime import resolve_device
 
@@ -27,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 = pick a free one (default)")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps (default: cpu)")
+    parser.add_argument("--root", help="the folder whose runs and checkpoints the page may open (default: the run's)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
@@ -49,7 +51,7 @@ def exit_without_finalizing(status: int) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        session = LabSession(args.source, args.device)
+        session = LabSession(args.source, args.device, args.root)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     try:
@@ -58,6 +60,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
     # Ctrl-C stops the server even when a shell started it in the background (which ignores SIGINT).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not is_loopback(args.host):
+        print(
+            f"warning: --host {args.host} makes the page reachable from the network; only the token in its URL "
+            "guards the API",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"attnlab lab: {session.checkpoint} at {url_of(server)}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

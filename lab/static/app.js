@@ -4,6 +4,23 @@
 const $ = (id) => document.getElementById(id);
 const lab = { info: null };
 
+// The API needs the per-launch token of the URL the lab printed (?token=...). It is kept for this tab, so a
+// reload still works, and taken out of the address bar, so it is not left in the history or a screenshot.
+const token = (() => {
+  const url = new URL(location.href), given = url.searchParams.get("token");
+  if (given) {
+    sessionStorage.setItem("lab-token", given);
+    url.searchParams.delete("token");
+    history.replaceState(history.state, "", url);
+  }
+  return sessionStorage.getItem("lab-token") || "";
+})();
+
+// The headers of every API call: the token, and for a body the JSON type the server requires.
+function apiHeaders(json) {
+  return json ? { "X-Lab-Token": token, "Content-Type": "application/json" } : { "X-Lab-Token": token };
+}
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -23,8 +40,8 @@ function clearMessage() { $("message").hidden = true; }
 
 // POST (or GET without a body) to the API; a JSON {"error": ...} becomes a thrown Error with that text.
 async function api(path, body) {
-  const options = body === undefined ? {} : {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+  const options = body === undefined ? { headers: apiHeaders(false) } : {
+    method: "POST", headers: apiHeaders(true), body: JSON.stringify(body) };
   let response;
   try { response = await fetch(path, options); } catch (e) { throw new Error("the lab server does not answer"); }
   let data;
@@ -82,7 +99,7 @@ async function runSample() {
   sampleAbort = new AbortController();
   status.textContent = "sampling…";
   const response = await fetch("/api/sample", { method: "POST", signal: sampleAbort.signal,
-    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: text, ...settings() }) });
+    headers: apiHeaders(true), body: JSON.stringify({ prompt: text, ...settings() }) });
   if (!response.ok) throw new Error((await response.json()).error);
   $("sample-stop").disabled = false;
   out.innerHTML = "";

@@ -19,7 +19,7 @@ import torch
 
 from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
-from rundir.checkpoints import RunLock
+from rundir.files import RunLock
 from tests.helpers import ROOT, compose_config, run_cli, run_train
 from training.setup import train
 

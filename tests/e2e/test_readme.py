@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.corpus, pytest.mark.slow]
 
 
 def readme_commands() -> list[str]:
-    """Every `python ...` line of the README's bash blocks, without its trailing comment."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    """Every `python ...` line of the bash blocks of the README and the docs pages it links, without its
+    trailing comment."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [b for page in pages for b in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL)]
     lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
     return [line for line in lines if line.startswith("python ")]
 

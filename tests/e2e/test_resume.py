@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from training.guards import RunInterrupted, StopSignals
 
 import training.trainer
 from rundir.checkpoint import load_checkpoint
 from rundir.checkpoints import CheckpointDir
 from tests.helpers import run_train
+from training.runtime import RunInterrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parents[2]
 # Dropout makes the losses depend on the torch RNG stream too, not just weights and batches.

@@ -51,7 +51,9 @@ def test_the_readmes_layout_names_every_module_and_folder():
     layout = re.search(r"## Layout\n\n```\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL).group(1)
     words = set(re.findall(r"[\w.]+", layout))
     folders = [p.name for p in ROOT.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.name == "configs"]
-    modules = [p.name for d in ("model", "data", "training", "cli") for p in (ROOT / d).glob("*.py")]
+    folders += ["bench"]
+    core = ("model", "data", "generation", "training", "rundir", "studies", "interop", "cli", "bench")
+    modules = [p.name for d in core for p in (ROOT / d).glob("*.py")]
     tests = [p.name for p in (ROOT / "tests").glob("*.py") if p.name != "__init__.py"]
     scripts = [p.name for p in (ROOT / "scripts").glob("*.py") if not p.name.startswith(("bench_", "__"))]
     missing = [f for f in folders if f"{f}/" not in layout]

@@ -61,6 +61,7 @@ def session(run_dir: Path) -> LabSession:
 
 @pytest.fixture(scope="module")
 def url(session: LabSession):
+    """The URL the lab prints, with its token: http://127.0.0.1:PORT/?token=..."""
     server = make_server(session)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -69,13 +70,30 @@ def url(session: LabSession):
     server.server_close()
 
 
-def post(url: str, path: str, body: dict | bytes) -> tuple[int, bytes]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+def address_and_token(url: str) -> tuple[str, str]:
+    address, token = url.split("?token=")
+    return address, token
+
+
+def send(url: str, path: str, data: bytes | None, headers: dict[str, str | None]) -> tuple[int, bytes]:
+    """`path` on the lab of `url` with its token, as the page sends it; a header given as None is left out."""
+    address, token = address_and_token(url)
+    sent = {name: value for name, value in ({"X-Lab-Token": token} | headers).items() if value is not None}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url + path.lstrip("/"), data=data), timeout=30) as r:
+        request = urllib.request.Request(address + path.lstrip("/"), data=data, headers=sent)
+        with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def post(url: str, path: str, body: dict | bytes, headers: dict[str, str | None] | None = None) -> tuple[int, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return send(url, path, data, {"Content-Type": "application/json"} | (headers or {}))
+
+
+def get(url: str, path: str, headers: dict[str, str | None] | None = None) -> tuple[int, bytes]:
+    return send(url, path, None, headers or {})
 
 
 @torch.no_grad()
@@ -177,7 +195,7 @@ def test_an_emptied_max_tokens_field_is_named_as_empty_not_as_none():
             api.sampling_settings({"max_tokens": cleared})
 
 
-def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
+def test_http_errors_are_json_and_the_server_keeps_serving(url, run_dir, monkeypatch):
     status, body = post(url, "/api/sample", {"prompt": "the KING"})
     assert status == 400 and json.loads(body) == {
         "error": "the prompt cannot be encoded: characters 'G', 'I', 'K', 'N' are not in the char vocabulary "
@@ -192,9 +210,10 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
         400,
         b'{"error": "the request body is not JSON"}',
     ), "an integer of more digits than Python converts (it answered: use sys.set_int_max_str_digits())"
-    assert post(url, "/api/runs", {"path": "/no/such/run"}) == (
+    missing = str(run_dir.parent / "no-such-run")
+    assert post(url, "/api/runs", {"path": missing}) == (
         400,
-        json.dumps({"error": "run or sweep directory '/no/such/run' does not exist"}).encode(),
+        json.dumps({"error": f"run or sweep directory {missing!r} does not exist"}).encode(),
     )
     monkeypatch.setitem(api.ROUTES, "/api/attention", lambda session, body: 1 / 0)
     status, body = post(url, "/api/attention", {})
@@ -202,7 +221,7 @@ def test_http_errors_are_json_and_the_server_keeps_serving(url, monkeypatch):
     status, body = post(url, "/api/nope", {})
     assert status == 404 and "no API" in json.loads(body)["error"]
     with pytest.raises(urllib.error.HTTPError, match="404"):
-        urllib.request.urlopen(url + "static/..%2Fsession.py", timeout=30)
+        urllib.request.urlopen(address_and_token(url)[0] + "static/..%2Fsession.py", timeout=30)
     status, body = post(url, "/api/sample", {"prompt": "the king", "max_tokens": 12, "temperature": 0})
     records = [json.loads(line) for line in body.decode().splitlines()]
     assert status == 200 and records[0] == {"prompt_tokens": 8} and records[-1] == {"done": True}
@@ -260,7 +279,7 @@ def raw_exchange(url: str, request: bytes) -> bytes:
     return received
 
 
-NEXT_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\n\r\n"  # bytes that must not be read as a request
+NEXT_REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"  # bytes that must not be read as a request
 
 
 @pytest.mark.parametrize(
@@ -280,7 +299,8 @@ NEXT_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\n\r\n"  # bytes that must
 def test_a_body_the_lab_will_not_read_is_refused_at_once_and_the_connection_closed(url, header, status, message):
     """Answered without waiting for the body, and nothing after the headers is taken for the next request
     (before: -1 hung in rfile.read(-1), and the unread body was parsed as a request, a 414)."""
-    head = f"POST /api/attention HTTP/1.1\r\nHost: lab\r\n{header}\r\n\r\n".encode()
+    token = address_and_token(url)[1]
+    head = f"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Lab-Token: {token}\r\n{header}\r\n\r\n".encode()
     answer = raw_exchange(url, head + NEXT_REQUEST)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and b"\r\nConnection: close\r\n" in answer, answer
     assert answer.count(b"HTTP/1.1 ") == 1, "one answer: the bytes after the headers were not parsed"
@@ -292,7 +312,7 @@ def test_a_client_that_hangs_up_leaves_no_traceback(url, capfd):
     host, port = re.match(r"http://(.+):(\d+)/", url).groups()
     for _ in range(3):
         connection = socket.create_connection((host, int(port)), timeout=10)
-        connection.sendall(b"GET / HTTP/1.1\r\nHost: lab\r\n\r\n")
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
         connection.close()
     # Connections are accepted in order, so once this answer is back the resets' threads have all started.
@@ -380,9 +400,10 @@ def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
         text=True,
     )
     try:
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", process.stdout.readline()).group(1))
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        connection.request("POST", "/api/sample", json.dumps({"prompt": "the king", "max_tokens": 2000}))
+        port, token = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=(\S+)", process.stdout.readline()).groups()
+        connection = http.client.HTTPConnection("127.0.0.1", int(port), timeout=60)
+        body = json.dumps({"prompt": "the king", "max_tokens": 2000})
+        connection.request("POST", "/api/sample", body, {"Content-Type": "application/json", "X-Lab-Token": token})
         response = connection.getresponse()
         assert json.loads(response.readline()) == {"prompt_tokens": 8}
         for _ in range(5):  # a few tokens out: generation is well under way (right after the first, it
@@ -395,16 +416,21 @@ def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
     assert (process.returncode, stderr) == (0, "")
 
 
-CLOSING_REQUEST = b"GET /api/info HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n"
+CLOSING_REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
 
 
 @pytest.mark.parametrize("method,path", [("GET", "/api/info"), ("GET", "/"), ("POST", "/api/nope")])
 def test_a_body_the_route_does_not_use_is_read_not_taken_for_the_next_request(url, method, path):
     """A GET (or a POST to no API) with a body: its bytes are read and dropped, so a body that looks like a
     request is not answered as one (it was: three answers for two requests)."""
-    head = f"{method} {path} HTTP/1.1\r\nHost: lab\r\nContent-Length: {len(NEXT_REQUEST)}\r\n\r\n".encode()
+    token = address_and_token(url)[1]
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Lab-Token: {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(NEXT_REQUEST)}\r\n\r\n"
+    ).encode()
     answer = raw_exchange(url, head + NEXT_REQUEST + CLOSING_REQUEST)
     assert answer.count(b"HTTP/1.1 ") == 2, answer[:300]
+    assert b" 403 " not in answer and b" 415 " not in answer, "the request itself was the lab's page's"
 
 
 def test_a_too_large_body_sent_whole_still_gets_its_answer(url):
@@ -421,11 +447,11 @@ def test_a_too_large_body_sent_whole_still_gets_its_answer(url):
 def test_what_http_server_refuses_itself_is_json_too(url):
     """An unsupported method or a request line too long came back as http.server's HTML page; the lab's
     errors are JSON {"error": ...}, and a HEAD answer has no body."""
-    answer = raw_exchange(url, b"PUT /api/info HTTP/1.1\r\nHost: lab\r\nContent-Length: 0\r\n\r\n")
+    answer = raw_exchange(url, b"PUT /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
     head, body = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 501 ") and b"Content-Type: application/json" in head, answer
     assert json.loads(body) == {"error": "Unsupported method ('PUT')"}
     answer = raw_exchange(url, b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 414 ") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"], answer
-    answer = raw_exchange(url, b"HEAD / HTTP/1.1\r\nHost: lab\r\n\r\n")
+    answer = raw_exchange(url, b"HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 501 ") and answer.endswith(b"\r\n\r\n"), answer
