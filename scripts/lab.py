@@ -1,4 +1,5 @@
-"""The attnlab lab, a local web page: `python scripts/lab.py RUN_OR_CKPT [--host H] [--port P] [--root DIR]`.
+"""The attnlab lab, a local web page: `python scripts/lab.py RUN_OR_CKPT [--host H] [--port P] [--device D]
+[--root DIR]`.
 
 Loads the checkpoint once (a run directory means its checkpoints/best.safetensors, else its newest
 step_*.safetensors), prints the page's URL with its per-launch token and serves until Ctrl-C. --port 0

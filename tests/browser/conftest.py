@@ -48,11 +48,21 @@ def sweep_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="package")
 def session(sweep_dir: Path) -> LabSession:
-    return LabSession(sweep_dir / "h2")
+    # Rooted one folder above the sweep, so the tests' own runs and files (lab_tmp) are in the page's reach.
+    return LabSession(sweep_dir / "h2", root=sweep_dir.parent)
+
+
+@pytest.fixture
+def lab_tmp(sweep_dir: Path, request) -> Path:
+    """A fresh folder for one test's files, under the lab's root: the page opens nothing outside it."""
+    folder = sweep_dir.parent / "tests" / request.node.name
+    folder.mkdir(parents=True)
+    return folder
 
 
 @pytest.fixture(scope="package")
 def lab_url(session: LabSession):
+    """The URL the lab prints, with its token."""
     server = make_server(session)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield url_of(server)

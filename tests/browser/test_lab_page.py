@@ -4,8 +4,6 @@ shows errors as a message while the server keeps answering."""
 
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch.nn.functional as F
 from analysis.attention import attention_maps
 from analysis.head_mask import gates_without, head_gates
 from generation.generate import SamplingParams, generate
-from tests.helpers import ROOT
+from tests.unit.test_lab import start_lab
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "the king is not what"
@@ -28,6 +26,15 @@ def test_page_loads_with_the_model_and_four_tabs(page, session):
     info = page.inner_text("#model-info")
     assert str(session.checkpoint) in info and "2 layers × 2 heads" in info
     assert page.locator(".tabs button").all_inner_texts() == ["Sample", "Attention", "Intervene", "Runs"]
+    assert "token" not in page.url, "the token is kept for the tab, not left in the address bar and history"
+
+
+def test_the_page_without_its_token_says_to_open_the_printed_url(browser, lab_url):
+    page = browser.new_page()  # a new context: no token kept from another page
+    page.goto(lab_url.split("?")[0])
+    message = page.wait_for_selector("#message:not([hidden])").inner_text()
+    assert "open the URL the lab printed, with its ?token=" in message
+    page.close()
 
 
 def test_sample_streams_the_same_text_as_generate(page, session):
@@ -155,20 +162,23 @@ def test_runs_tab_shows_curves_and_the_sweep_table_and_a_missing_run(page, sweep
     page.fill("#runs-path", str(sweep_dir / "missing"))
     page.click("#runs-form button")
     assert "does not exist" in page.wait_for_selector("#message:not([hidden])").inner_text()
+    page.fill("#runs-path", "/")
+    page.click("#runs-form button")
+    page.wait_for_selector("#message-text:has-text('is outside')")  # the machine's other runs stay unlisted
 
 
-def test_runs_tab_draws_a_curve_of_one_point_and_says_why_a_folder_has_no_table(page, tmp_path):
+def test_runs_tab_draws_a_curve_of_one_point_and_says_why_a_folder_has_no_table(page, lab_tmp):
     """A run with one evaluation (killed after step 0) was an SVG path of a lone M: nothing drawn. A folder
     of two runs of one config and seed shows their curves and the note, not an empty table."""
     from tests.helpers import write_fake_run
 
     for name in ("a", "b"):
-        write_fake_run(tmp_path / "outputs" / name, {"seed": 1}, 2.0)  # metrics.jsonl: one val/loss record
+        write_fake_run(lab_tmp / "outputs" / name, {"seed": 1}, 2.0)  # metrics.jsonl: one val/loss record
     page.click("button[data-tab=runs]")
-    page.fill("#runs-path", str(tmp_path / "outputs" / "a"))
+    page.fill("#runs-path", str(lab_tmp / "outputs" / "a"))
     page.click("#runs-form button")
     page.wait_for_selector("#runs-chart circle[data-series='val/loss']")
-    page.fill("#runs-path", str(tmp_path / "outputs"))
+    page.fill("#runs-path", str(lab_tmp / "outputs"))
     page.click("#runs-form button")
     page.wait_for_selector("#runs-status:has-text('sweep of 2 runs')")
     assert page.locator("#runs-chart circle").count() == 2
@@ -176,8 +186,8 @@ def test_runs_tab_draws_a_curve_of_one_point_and_says_why_a_folder_has_no_table(
     assert "no ablation table: " in page.inner_text("#runs-tables")
 
 
-def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, session, tmp_path):
-    bad = tmp_path / "bad.safetensors"
+def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, session, lab_tmp):
+    bad = lab_tmp / "bad.safetensors"
     bad.write_bytes(b"not a checkpoint at all")
     page.fill("#load-path", str(bad))
     page.click("#load-form button")
@@ -187,19 +197,13 @@ def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, sess
 
 def test_the_lab_script_prints_its_url_and_serves_the_page(browser, sweep_dir):
     """`python scripts/lab.py RUN --port 0` as a user runs it: the printed URL opens the page on that run."""
-    process = subprocess.Popen(
-        [sys.executable, "scripts/lab.py", str(sweep_dir / "h2"), "--port", "0"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_lab(str(sweep_dir / "h2"), "--port", "0")
     try:
         line = process.stdout.readline()
-        url = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=\S+", line)
         assert url and int(url.group(1)) > 0, (line, process.stderr.read() if process.poll() is not None else "")
         page = browser.new_page()
-        page.goto(url.group(0))
+        page.goto(url.group(0))  # as printed, with its token
         assert "best.safetensors" in page.wait_for_selector("#model-info b").inner_text()
         page.close()
     finally:

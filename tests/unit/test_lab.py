@@ -70,6 +70,12 @@ def url(session: LabSession):
     server.server_close()
 
 
+def start_lab(*args: str) -> subprocess.Popen:
+    """`python scripts/lab.py ARGS` as a user starts it, its stdout and stderr as text pipes."""
+    command = [sys.executable, "scripts/lab.py", *args]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def address_and_token(url: str) -> tuple[str, str]:
     address, token = url.split("?token=")
     return address, token
@@ -392,13 +398,7 @@ def test_ctrl_c_while_a_sample_streams_exits_cleanly(tmp_path):
     # Wide enough that most of each step is in torch, and 2000 tokens take many seconds: the signal
     # arrives mid-generation (a 32-wide model let the thread be outside torch half the time).
     checkpoint = tiny_checkpoint(tmp_path / "wide.safetensors", block_size=128, n_head=4, d_model=512)
-    process = subprocess.Popen(
-        [sys.executable, "scripts/lab.py", str(checkpoint)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_lab(str(checkpoint))
     try:
         port, token = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=(\S+)", process.stdout.readline()).groups()
         connection = http.client.HTTPConnection("127.0.0.1", int(port), timeout=60)
