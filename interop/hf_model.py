@@ -4,16 +4,19 @@ Our default GPT is GPT-2's architecture with other names: learned positions, pre
 blocks (eps 1e-5), fused Q|K|V projection, GELU in its tanh form ("gelu_new"), tied LM head. Only
 two things differ in the tensors: the names, and GPT-2's `Conv1D` stores its weight as
 (in, out), the transpose of `nn.Linear`'s (out, in). A model without biases exports with zero
-biases, which computes the same function.
+biases, which computes the same function. An export proves itself rather than trusting a list of knobs:
+every tensor of ours must have a GPT-2 place, and the GPT-2 model's logits must equal ours on a probe batch.
 
 `transformers` is an optional dependency: it is imported only when a conversion runs.
 """
 
 import json
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from model.gpt import GPT, GPTConfig
 
@@ -22,6 +25,9 @@ if TYPE_CHECKING:
 
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which our blocks use; GPT-2's layer_norm_epsilon too
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names for GELU's tanh approximation
+NOT_GPT2 = "the model cannot be exported to GPT-2"
+# Of the logits' scale (at least 1): float32 conversions agree to ~1e-7 of it; a different function misses by far more.
+LOGITS_TOLERANCE = 1e-4
 
 
 def weight_map(n_layer: int) -> Iterator[tuple[str, str, bool]]:
@@ -44,6 +50,46 @@ def weight_map(n_layer: int) -> Iterator[tuple[str, str, bool]]:
     yield "transformer.ln_f.bias", "ln_f.bias", False
 
 
+def gpt2_shapes(hf: "GPT2Config") -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor weight_map names, from a GPT-2 config alone (Conv1D weights are (in, out))."""
+    d = hf.n_embd
+    f = 4 * d if hf.n_inner is None else hf.n_inner  # as GPT2Block reads it (0 is 0)
+    block = {"ln_1": (d,), "attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "ln_2": (d,), "mlp.c_fc": (d, f)}
+    block["mlp.c_proj"] = (f, d)
+    shapes = {"transformer.wte.weight": (hf.vocab_size, d), "transformer.wpe.weight": (hf.n_positions, d)}
+    for i in range(hf.n_layer):
+        for module, shape in block.items():
+            shapes[f"transformer.h.{i}.{module}.weight"] = shape
+            shapes[f"transformer.h.{i}.{module}.bias"] = shape[-1:]
+    return shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+
+
+def check_weights_fit(hf: "GPT2Config", stored: dict[str, tuple[int, ...]]) -> None:
+    """ValueError (one line) unless the weights' shapes (read from their header) are the ones `hf` describes.
+    Checked before any model is built: a config.json claiming 20000 layers took 90 s and 2.3 GB to refuse."""
+    stored = {name.removeprefix("transformer."): shape for name, shape in stored.items()}  # the hub's gpt2 has none
+    layers = len({m[1] for name in stored if (m := re.match(r"h\.(\d+)\.", name))})
+    if hf.n_layer != layers:  # before listing thousands of missing tensors
+        raise ValueError(f"its config.json gives n_layer={clip(hf.n_layer)}, its weights hold {layers} layers")
+    missing = []
+    for name, shape in gpt2_shapes(hf).items():
+        have = stored.get(name.removeprefix("transformer."))
+        if have is None:
+            missing.append(name)
+        elif have != shape:
+            raise ValueError(
+                f"its weights do not fit its config.json: {name} has shape {have}, the config gives {clip(shape)}"
+            )
+    if missing:
+        raise ValueError(f"its weights lack {listing(missing)}, which the model needs")
+
+
+def clip(value: object, width: int = 40) -> str:
+    """str(value), cut to `width` characters: a config.json can hold a 10**40 or a list of a million."""
+    text = str(value)
+    return text if len(text) <= width else text[:width] + "..."
+
+
 def check_gpt2_compatible(config: GPTConfig) -> None:
     """Raise ValueError naming every setting GPT2LMHeadModel cannot represent, and the overrides that
     train a model it can (all at once: a user fixing them one at a time would retrain once each)."""
@@ -62,7 +108,7 @@ def check_gpt2_compatible(config: GPTConfig) -> None:
             for name, want in wrong.items()
         )
         fix = " ".join(f"model.{name}={hydra_text(want)}" for name, want in wrong.items())
-        raise ValueError(f"the model cannot be exported to GPT-2: {found}; a model that exports trains with {fix}")
+        raise ValueError(f"{NOT_GPT2}: {found}; a model that exports trains with {fix}")
 
 
 def hydra_text(value: object) -> str:
@@ -122,22 +168,67 @@ def from_hf_config(hf: "GPT2Config") -> GPTConfig:
 
 @torch.no_grad()
 def to_hf_gpt2(model: GPT, eos_token_id: int | None = None) -> "GPT2LMHeadModel":
-    """A GPT2LMHeadModel (float32, eval mode) that computes the same logits as `model`."""
+    """A GPT2LMHeadModel (float32, eval mode) that computes the same logits as `model`. ValueError (one line)
+    where it cannot, derived rather than listed: a tensor of ours GPT-2 has no place for, a GPT-2 tensor we
+    lack or hold in another shape, or logits that differ on a probe batch (a knob check_gpt2_compatible does
+    not know, such as a new attention variant, exported silently wrong before)."""
     from transformers import GPT2LMHeadModel
 
     hf = GPT2LMHeadModel(to_hf_config(model.config, eos_token_id)).float().eval()
-    ours = {name: p for name, p in model.named_parameters()}
+    ours = model.state_dict(keep_vars=True)  # keep_vars: the tensors themselves, so ties show as identity
+    pairs = list(weight_map(model.config.n_layer))
+    mapped = {id(ours[name]) for _, name, _ in pairs if name in ours}  # a tied lm_head is tok_emb's tensor
+    unmapped = [name for name, tensor in ours.items() if id(tensor) not in mapped]
+    if unmapped:
+        raise ValueError(f"{NOT_GPT2}: GPT-2 has no tensor for {listing(unmapped)}")
     theirs = dict(hf.named_parameters())
-    for hf_name, our_name, transposed in weight_map(model.config.n_layer):
-        target = theirs.pop(hf_name)
-        source = ours.get(our_name)
-        if source is None:  # bias=False: a zero bias is the same function
-            assert hf_name.endswith(".bias"), f"{our_name} is missing from our model"
+    for hf_name, our_name, transposed in pairs:
+        target, source = theirs.pop(hf_name), ours.get(our_name)
+        if source is None and hf_name.endswith(".bias"):  # bias=False: a zero bias is the same function
             target.zero_()
-        else:
-            target.copy_(source.T if transposed else source)
+            continue
+        if source is None:
+            raise ValueError(f"{NOT_GPT2}: GPT-2's {hf_name} has no counterpart in our model ({our_name})")
+        want = target.T.shape if transposed else target.shape
+        if source.shape != want:  # copy_ would broadcast some mismatches silently
+            shape, want = tuple(source.shape), tuple(want)
+            raise ValueError(f"{NOT_GPT2}: our {our_name} has shape {shape}, GPT-2's {hf_name} needs {want}")
+        target.copy_(source.T if transposed else source)
     assert not theirs, f"GPT-2 parameters left unset: {sorted(theirs)}"
+    check_same_logits(model, hf)
     return hf
+
+
+def listing(names: list[str], shown: int = 4) -> str:
+    """names, comma-separated; past `shown`, a count instead (one line for a knob in every layer)."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def probe_batches(config: GPTConfig) -> list[Tensor]:
+    """Fixed token sequences: a batch of short ones, and one that uses every learned position."""
+    g = torch.Generator().manual_seed(0)
+    shapes = ((2, min(config.block_size, 16)), (1, config.block_size))
+    return [torch.randint(0, config.vocab_size, shape, generator=g) for shape in shapes]
+
+
+@torch.no_grad()
+def check_same_logits(model: GPT, hf: "GPT2LMHeadModel") -> None:
+    """ValueError unless hf's logits equal model's (fp32, within LOGITS_TOLERANCE) on the probe batches."""
+    was_training, device = model.training, next(model.parameters()).device
+    model.eval()
+    try:
+        for idx in probe_batches(model.config):
+            ours = model(idx.to(device))[0].float().cpu()
+            err = (ours - hf(input_ids=idx).logits).abs().max().item()
+            allowed = LOGITS_TOLERANCE * max(1.0, ours.abs().max().item())
+            if not err <= allowed:  # NaN fails too
+                raise ValueError(
+                    f"{NOT_GPT2}: its tensors map to GPT-2's, but the GPT-2 model's logits differ from ours by "
+                    f"{err:.3g} on a probe batch (at most {allowed:.3g} allowed)"
+                )
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()

@@ -6,22 +6,27 @@
 Export takes a GPT-2-compatible checkpoint (learned positions, n_kv_head = n_head, no QK-norm,
 d_k = d_model / n_head) and writes a `GPT2LMHeadModel` (config.json, model.safetensors) that
 computes the same logits, and the checkpoint's tokenizer (tokenizer.json: char, learned BPE or GPT-2 BPE), so
-`transformers.pipeline("text-generation", model=OUT_DIR)` generates what scripts/sample.py does.
+`transformers.pipeline("text-generation", model=OUT_DIR)` generates what scripts/sample.py does; a model
+with a tensor GPT-2 has no place for, or whose GPT-2 logits differ from ours on a probe batch, is refused.
 Import reads a local directory's safetensors weights only (a pickle `pytorch_model.bin` is refused,
-never loaded) and writes a checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its
-header (or its own char or learned BPE, for a directory this script exported). Neither replaces an existing
+never loaded), checks config.json's sizes against their header before building anything, and writes a
+checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its header (or its own char or
+learned BPE, for a directory this script exported). Neither replaces an existing
 target without --force, and then the new one is written beside it first and renamed into place, so
-a failure leaves the old one. A problem the user can fix exits non-zero with one line `error: ...`,
-touching nothing.
+a failure leaves the old one. --force replaces only an earlier export (its attnlab_export.json lists what it
+wrote), never a directory holding the checkpoint being exported, nor an imported directory's own file.
+A problem the user can fix exits non-zero with one line `error: ...`, touching nothing.
 """
 
 import json
+import math
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import safetensors
 
@@ -32,15 +37,24 @@ from analysis.trained import find_checkpoint, load_model, saved_cache_dir
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
-from interop.hf_model import check_gpt2_compatible, from_hf_gpt2, to_hf_gpt2
+from interop.hf_model import (
+    check_gpt2_compatible,
+    check_weights_fit,
+    clip,
+    from_hf_gpt2,
+    gpt2_shapes,
+    listing,
+    to_hf_gpt2,
+)
 from interop.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
 from model import GPT
 from rundir.checkpoint import looks_like_pickle, save_checkpoint
 
 if TYPE_CHECKING:
-    from transformers import GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel
 
 GPT2_TOKENIZER_META = {"name": "gpt2"}  # what data.tokenizer.GPT2Tokenizer.to_meta() writes
+EXPORT_MARKER = "attnlab_export.json"  # in every export: its source and the files it wrote
 
 
 def require_transformers() -> None:
@@ -78,12 +92,44 @@ def check_writable_target(path: Path, what: str, force: bool, is_dir: bool) -> N
         raise ValueError(f"{what} {str(path)!r} already exists; pass --force to replace it")
 
 
+def check_replaceable_export(out_dir: Path, sources: list[Path]) -> None:
+    """Refuse to replace a directory that is not an earlier export, or that holds the checkpoint being exported
+    (`export outputs/run1 outputs --force` deleted run1 and every other run under outputs)."""
+    if out_dir.is_symlink() or not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return  # nothing to lose: a link goes, what it points at stays
+    where = f"export directory {str(out_dir)!r}"
+    for source in sources:
+        if out_dir.resolve() in (source.resolve(), *source.resolve().parents):
+            raise ValueError(f"{where} holds the checkpoint being exported ({str(source)!r}); --force would delete it")
+    try:
+        files = json.loads((out_dir / EXPORT_MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        files = None
+    if not isinstance(files, list):
+        raise ValueError(
+            f"{where} is not an earlier export (it has no {EXPORT_MARKER}); --force replaces only those: "
+            "remove it yourself or choose another directory"
+        )
+    others = [p.name for p in sorted(out_dir.iterdir()) if p.name not in [*files, EXPORT_MARKER] or p.is_dir()]
+    if others:
+        them = "it" if len(others) == 1 else "them"
+        raise ValueError(
+            f"{where} holds {listing(others)}, which no export wrote; --force would delete {them}: "
+            f"move {them} away or choose another directory"
+        )
+
+
 def replace_dir(staged: Path, target: Path) -> None:
     """Move a fully written directory into place; an existing target is renamed away first, then removed."""
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     if target.exists() or target.is_symlink():
         os.rename(target, old)
-    os.rename(staged, target)
+    try:
+        os.rename(staged, target)
+    except OSError:
+        if old.exists() or old.is_symlink():
+            os.rename(old, target)  # the earlier one back in place
+        raise
     if old.is_symlink():  # a link given as the target: it goes, what it pointed at stays (rmtree refuses links)
         old.unlink()
     shutil.rmtree(old, ignore_errors=True)
@@ -100,24 +146,30 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
     """Our checkpoint (or run directory) -> a GPT2LMHeadModel directory with its tokenizer."""
     out_dir = Path(out_dir)
     check_writable_target(out_dir, "export directory", force, is_dir=True)
-    model, ckpt = load_model(find_checkpoint(checkpoint))
+    source = find_checkpoint(checkpoint)
+    check_replaceable_export(out_dir, [Path(checkpoint), source])
+    model, ckpt = load_model(source)
     check_gpt2_compatible(model.config)  # before asking for transformers: an install would not help
     require_transformers()
     tokenizer_meta = ckpt.meta.get("tokenizer")
     if not isinstance(tokenizer_meta, dict):
         raise ValueError(f"checkpoint {str(checkpoint)!r} has no tokenizer in its header")
     ranks = gpt2_ranks(tokenizer_meta, saved_cache_dir(ckpt.meta))
-    hf = to_hf_gpt2(model, eos_token_id=eot_id(tokenizer_meta))
-    staged = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    hf = to_hf_gpt2(model, eos_token_id=eot_id(tokenizer_meta))  # refuses a model GPT-2 does not compute
+    target = Path(os.path.abspath(out_dir))  # "." has no name to stage beside
+    staged = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         staged.parent.mkdir(parents=True, exist_ok=True)
         hf.save_pretrained(staged)
         save_hf_tokenizer(tokenizer_meta, staged, ranks)
+        written = sorted(p.name for p in staged.iterdir())
+        marker = {"source": str(source.resolve()), "step": ckpt.meta.get("step"), "files": written}
+        (staged / EXPORT_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         umask = os.umask(0)
         os.umask(umask)
         for file in staged.iterdir():  # transformers writes the weights 0600: others could not load them
             file.chmod(0o666 & ~umask)
-        replace_dir(staged, out_dir)
+        replace_dir(staged, target)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return out_dir
@@ -137,11 +189,11 @@ def weight_files(hf_dir: Path) -> list[Path]:
     return [hf_dir / name for name in sorted(set(map(str, shards)))]
 
 
-def check_safetensors_header(path: Path) -> None:
-    """Read a weights file's header, as transformers will, so a damaged one is named here in one line."""
+def read_safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """A weights file's tensor shapes, from its header only; a damaged or pickle file is named in one line."""
     try:
-        with safetensors.safe_open(str(path), framework="pt"):
-            pass
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 (no __iter__)
     except Exception as e:  # safetensors raises several types for truncated or foreign files
         with open(path, "rb") as f:
             if looks_like_pickle(f.read(9)):
@@ -153,16 +205,17 @@ def check_safetensors_header(path: Path) -> None:
         raise ValueError(f"{str(path)!r} is not a readable safetensors file ({msg})") from None
 
 
-def check_safetensors_weights(hf_dir: Path) -> None:
-    """Refuse a directory whose weights are only pickles (transformers would torch.load them), or whose
-    safetensors weights are damaged."""
+def read_weight_shapes(hf_dir: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of hf_dir's safetensors weights (all shards), from their headers. Refuses a directory whose
+    weights are only pickles (transformers would torch.load them), or whose safetensors weights are damaged."""
     files = weight_files(hf_dir)
     if files:
+        shapes = {}
         for path in files:
             if not path.is_file():
                 raise FileNotFoundError(f"{str(path)!r}, a shard the safetensors index names, does not exist")
-            check_safetensors_header(path)
-        return
+            shapes |= read_safetensors_shapes(path)
+        return shapes
     pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
     found = f"it has {', '.join(pickles)}, a pickle" if pickles else "it has no weights"
     raise ValueError(
@@ -170,10 +223,45 @@ def check_safetensors_weights(hf_dir: Path) -> None:
     )
 
 
-def load_hf_gpt2(hf_dir: Path) -> "GPT2LMHeadModel":
+def as_gpt2(hf_dir: Path, load: Callable[..., Any], **kwargs) -> Any:
+    """load(hf_dir, **kwargs), with anything transformers raises (a field of the wrong type or value:
+    TypeError, ValueError, huggingface_hub's own) as one line naming hf_dir."""
+    try:
+        return load(hf_dir, local_files_only=True, **kwargs)
+    except Exception as e:
+        msg = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__  # its cause on line 2
+        raise ValueError(f"{str(hf_dir)!r} does not load as a GPT-2 model ({clip(msg, 300)})") from None
+
+
+def check_config_fits(hf_dir: Path, hf_config: "GPT2Config", shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse, before any model is built, a config.json whose sizes the weights' header does not have, or a
+    model this machine cannot hold (each float32 copy: the loaded tensors, the GPT-2 model and ours)."""
+    try:
+        check_weights_fit(hf_config, shapes)
+    except ValueError as e:
+        raise ValueError(f"{str(hf_dir)!r}: {e}") from None
+    params = sum(math.prod(shape) for shape in gpt2_shapes(hf_config).values())
+    need, have = 3 * 4 * params, memory_bytes()
+    if have is not None and need > have:
+        raise ValueError(
+            f"{str(hf_dir)!r}: its {params / 1e6:.1f}M parameters need {need / 1e9:.1f} GB to convert in float32; "
+            f"this machine has {have / 1e9:.1f} GB"
+        )
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory; None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def load_hf_gpt2(hf_dir: Path, shapes: dict[str, tuple[int, ...]]) -> "GPT2LMHeadModel":
     """hf_dir's GPT2LMHeadModel in float32; ValueError (one line) for a config.json that does not build one
-    or weights that do not fit it. transformers' own load report is kept quiet: this names the problem."""
-    from transformers import GPT2LMHeadModel
+    or whose sizes its weights (`shapes`, from their header) do not have, before any model is built.
+    transformers' own load report is kept quiet: this names the problem."""
+    from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
     try:
@@ -185,25 +273,15 @@ def load_hf_gpt2(hf_dir: Path) -> "GPT2LMHeadModel":
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        # mismatched sizes come back in the loading info (named below) instead of a RuntimeError that points
-        # at the report; missing weights would otherwise start from random values, with a warning only
-        hf, info = GPT2LMHeadModel.from_pretrained(
-            hf_dir, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True
+        hf_config = as_gpt2(hf_dir, GPT2Config.from_pretrained)
+        check_config_fits(hf_dir, hf_config, shapes)
+        # the loading info lists missing weights, which would otherwise start from random values with a warning
+        hf, info = as_gpt2(
+            hf_dir, GPT2LMHeadModel.from_pretrained, config=hf_config, use_safetensors=True, output_loading_info=True
         )
-    except Exception as e:  # a field of the wrong type or value: TypeError, ValueError, huggingface_hub's own
-        msg = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__  # its cause on line 2
-        raise ValueError(f"{str(hf_dir)!r} does not load as a GPT-2 model ({msg})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    if info["mismatched_keys"]:
-        name, stored, wanted = sorted(info["mismatched_keys"])[0]
-        raise ValueError(
-            f"{str(hf_dir)!r}: its weights do not fit its config.json: {name} has shape {tuple(stored)}, "
-            f"the config gives {tuple(wanted)}"
-        )
-    if info["missing_keys"]:
-        missing = ", ".join(sorted(info["missing_keys"]))
-        raise ValueError(f"{str(hf_dir)!r}: its weights lack {missing}, which the model needs")
+    assert not info["missing_keys"], f"weights missing after check_weights_fit: {sorted(info['missing_keys'])}"
     return hf.float()
 
 
@@ -213,9 +291,14 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
     check_writable_target(checkpoint, "checkpoint", force, is_dir=False)
     if not (hf_dir / "config.json").is_file():
         raise FileNotFoundError(f"{str(hf_dir)!r} is not a Hugging Face model directory (it has no config.json)")
-    check_safetensors_weights(hf_dir)
+    if checkpoint.exists() and hf_dir.resolve() in checkpoint.resolve().parents:  # only with --force, here
+        raise ValueError(
+            f"checkpoint {str(checkpoint)!r} is a file of {str(hf_dir)!r}, the directory being imported; "
+            "--force would replace it"
+        )
+    shapes = read_weight_shapes(hf_dir)
     require_transformers()
-    model = from_hf_gpt2(load_hf_gpt2(hf_dir))
+    model = from_hf_gpt2(load_hf_gpt2(hf_dir, shapes))
     tokenizer = read_own_tokenizer(hf_dir) or GPT2_TOKENIZER_META  # our own exports come back as they left
     meta = {
         "step": 0,

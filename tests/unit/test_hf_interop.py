@@ -330,11 +330,15 @@ def test_convert_refuses_to_overwrite_and_replaces_only_with_force(tmp_path, cap
         assert snapshot(tmp_path) == before, argv
 
     convert_main(["export", str(run), str(tmp_path / "empty")])  # an empty directory holds nothing to lose
-    convert_main(["export", str(run), str(tmp_path / "taken"), "--force"])
-    assert "notes.txt" not in {p.name for p in (tmp_path / "taken").iterdir()}
-    assert (tmp_path / "taken" / "tokenizer.json").is_file()
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"stale")
+    convert_main(["export", str(run), str(tmp_path / "empty"), "--force"])  # an earlier export is replaced
+    assert (tmp_path / "empty" / "model.safetensors").stat().st_size > 1000
+    assert (tmp_path / "empty" / "tokenizer.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "no staging left behind"
-    convert_main(["import", str(tmp_path / "taken"), str(existing), "--force"])
+    line = convert_error(["export", str(run), str(tmp_path / "taken"), "--force"], capsys)  # anything else is not
+    assert re.search("'.*taken' is not an earlier export", line), line
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+    convert_main(["import", str(tmp_path / "empty"), str(existing), "--force"])
     assert load_model(existing)[0].config.vocab_size == len(SHAKESPEARE_CHARS) + 1
 
 
