@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 import safetensors
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from cli.config import hydra_value, shell_quote
+from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
 from rundir.files import RunDirInUse
 from training.config import TrainConfig
@@ -298,6 +298,18 @@ def help_text(config_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def sweeping_recipe(args: Sequence[str]) -> str | None:
+    """`+experiment=NAME` when that recipe's YAML turns Hydra's multirun on (it is a sweep without -m)."""
+    for arg in args:
+        key, _, name = arg.lstrip("+").partition("=")
+        path = CONFIG_DIR / "experiment" / f"{name}.yaml"
+        if key == "experiment" and path.is_file():
+            mode = OmegaConf.select(OmegaConf.load(path), "hydra.mode", default=None)
+            if str(mode) == "MULTIRUN":
+                return arg
+    return None
+
+
 def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
     refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
@@ -306,10 +318,11 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     `out_dir=` with `-m` is refused: Hydra gives each job its own folder, so it would be dropped unsaid."""
     program, *args = argv
     multirun = [arg for arg in args if arg in ("-m", "--multirun")]
-    if multirun and (given := [arg for arg in args if override_key(arg) == "out_dir"]):  # before any folder
+    sweep = "-m" if multirun else sweeping_recipe(args)
+    if sweep and (given := [arg for arg in args if override_key(arg) == "out_dir"]):  # before any folder
         raise ValueError(
-            f"{given[0]} does not apply to a sweep (-m): each job writes to its own folder under hydra.sweep.dir; "
-            f"give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
+            f"{given[0]} does not apply to a sweep ({sweep}): each job writes to its own folder under "
+            f"hydra.sweep.dir; give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
         )
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:

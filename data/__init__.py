@@ -1,8 +1,8 @@
 """Data: fetch a corpus, tokenize and split it once into cached token files, and cut batches from them."""
 
-from data.batches import BatchLayout, batch_layout, check_block_size, eval_batches, sample_batch
+from data.batches import BatchLayout, PreparedData, batch_layout, check_block_size, eval_batches, sample_batch
 from data.config import DataConfig
-from data.prepare import PreparedData, load_prepared, prepare
+from data.prepare import load_prepared, prepare
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
 
 __all__ = [

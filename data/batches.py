@@ -1,5 +1,6 @@
-"""Batches of (input, target) windows cut from a flat token array, as pure functions of their keys, and
-how an optimizer step's batch is dealt out to ranks and micro-steps.
+"""The prepared data as a run reads it (`PreparedData`: token memmaps, their tokenizer, the val text's
+bytes; data/prepare.py makes it), batches of (input, target) windows cut from it as pure functions of
+their keys, and how an optimizer step's batch is dealt out to ranks and micro-steps.
 
 Offsets come from a generator seeded with (seed, step, micro_step, rank), so a batch depends on
 nothing but those numbers: a resumed run sees exactly the batches it would have seen.
@@ -10,11 +11,49 @@ exactly a one-process run's windows and, up to float rounding, produce its losse
 (tests/e2e/test_distributed.py).
 """
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from data.tokenizer import Tokenizer
+
+
+@dataclass
+class PreparedData:
+    directory: Path
+    train: np.ndarray  # np.memmap of token ids, read-only
+    val: np.ndarray
+    meta: dict  # meta.json as written (source, counts, split rules); the fields below are what code reads
+    tokenizer: Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
+
+    @property
+    def tokenizer_meta(self) -> dict:
+        return self.meta["tokenizer"]
+
+    @property
+    def val_tokens(self) -> int:
+        return len(self.val)
+
+    @property
+    def val_bytes(self) -> int:
+        """UTF-8 bytes of the val text, to turn loss per token into bits per byte."""
+        return self.meta["val_bytes"]
+
+    def bits_per_byte(self, val_loss: float) -> float:
+        """A val loss in nats per token as bits per UTF-8 byte of the val text: comparable across tokenizers."""
+        return val_loss / math.log(2) * self.val_tokens / self.val_bytes
 
 
 def check_block_size(tokens: np.ndarray, block_size: int, split: str = "train") -> None:

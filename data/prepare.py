@@ -20,13 +20,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 from tqdm import tqdm
 
+from data.batches import PreparedData
 from data.config import DataConfig, resolve_cache_dir
 from data.sources import load_documents, publish_dir, source_identity
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
@@ -40,40 +40,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 CHUNK_DOCUMENTS = 1024
-
-
-@dataclass
-class PreparedData:
-    directory: Path
-    train: np.ndarray  # np.memmap of token ids, read-only
-    val: np.ndarray
-    meta: dict  # meta.json as written (source, counts, split rules); the fields below are what code reads
-    tokenizer: Tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    @property
-    def fingerprint(self) -> str:
-        return self.meta["fingerprint"]
-
-    @property
-    def tokenizer_meta(self) -> dict:
-        return self.meta["tokenizer"]
-
-    @property
-    def val_tokens(self) -> int:
-        return len(self.val)
-
-    @property
-    def val_bytes(self) -> int:
-        """UTF-8 bytes of the val text, to turn loss per token into bits per byte."""
-        return self.meta["val_bytes"]
-
-    def bits_per_byte(self, val_loss: float) -> float:
-        """A val loss in nats per token as bits per UTF-8 byte of the val text: comparable across tokenizers."""
-        return val_loss / math.log(2) * self.val_tokens / self.val_bytes
 
 
 def cache_key(cfg: DataConfig) -> dict:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from data.prepare import PreparedData
+from data.batches import PreparedData
 from model.config import GPTConfig
 from rundir import checkpoint as ckpt_io
 from rundir.checkpoints import CheckpointDir, trim_metrics

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from data import prepare as prepare_data
+from data.prepare import prepare as prepare_data
 from model.config import GPTConfig
 from training.config import TrainConfig
 from training.distributed import env_info, local_device

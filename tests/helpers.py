@@ -32,11 +32,15 @@ def compose_config(overrides: list[str]):
 
 
 def run_train(overrides: list[str]) -> dict:
-    """`python train.py OVERRIDES` in this process: the real configs composed, validated, then train()."""
+    """`python train.py OVERRIDES` in this process: the real configs composed, validated, a study's budget
+    turned into max_steps, then train()."""
     from cli.config import to_train_config
+    from studies.fairness import resolve_budget
     from training.setup import train
 
-    return train(to_train_config(compose_config(overrides)))
+    cfg = to_train_config(compose_config(overrides))
+    resolve_budget(cfg)
+    return train(cfg)
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:

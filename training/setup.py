@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data import PreparedData
-from data import prepare as prepare_data
+from data.batches import PreparedData
+from data.prepare import prepare as prepare_data
 from generation.generate import SamplingParams, encode_prompt, stream_text
 from model.config import GPTConfig
 from model.gpt import GPT

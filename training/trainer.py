@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from data import PreparedData, batch_layout, eval_batches, sample_batch
+from data.batches import PreparedData, batch_layout, eval_batches, sample_batch
 from model.gpt import GPT
 from rundir.run import Run, RunState
 from training import distributed

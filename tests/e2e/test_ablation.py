@@ -206,3 +206,17 @@ def test_out_dir_given_to_a_sweep_is_refused_before_any_folder(tmp_path):
         f"hydra.sweep.dir; give hydra.sweep.dir={out} instead"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_out_dir_given_to_a_recipe_that_is_itself_a_sweep_is_refused_before_any_folder(tmp_path):
+    # Defect: `train.py +experiment=vaswani_a_cpu out_dir=runs/x` ran 18 jobs into multirun/... and never made
+    # runs/x: the recipe's YAML turns multirun on, so the -m check never fired.
+    out = tmp_path / "mine"
+    done = run_cli([str(ROOT / "train.py"), "+experiment=vaswani_a_cpu", f"out_dir={out}"], cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines == [
+        f"error: out_dir={out} does not apply to a sweep (+experiment=vaswani_a_cpu): each job writes to its own "
+        f"folder under hydra.sweep.dir; give hydra.sweep.dir={out} instead"
+    ]
+    assert list(tmp_path.iterdir()) == []

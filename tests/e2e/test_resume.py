@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import rundir.run
 import training.trainer
 from rundir.checkpoint import load_checkpoint
 from rundir.checkpoints import CheckpointDir
@@ -105,16 +106,16 @@ def test_ctrl_c_while_the_run_directory_is_written_stops_at_a_saved_step(run_ove
     # Defect: Ctrl-C after config.yaml and metrics.jsonl were written but before the loop (wandb's start
     # takes seconds) was a bare KeyboardInterrupt: "interrupted", no checkpoint and no continue command,
     # and the same command again was refused for the files it had left.
-    real_write_run_info = training.trainer.write_run_info
+    real_write_run_info = rundir.run.write_run_info
 
     def write_run_info_interrupted(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         return real_write_run_info(*args, **kwargs)
 
-    monkeypatch.setattr(training.trainer, "write_run_info", write_run_info_interrupted)
+    monkeypatch.setattr(rundir.run, "write_run_info", write_run_info_interrupted)
     with pytest.raises(RunInterrupted, match=r"stopped by SIGINT after step 1; saved .*step_0000001"):
         run_train(run_overrides)
-    monkeypatch.setattr(training.trainer, "write_run_info", real_write_run_info)
+    monkeypatch.setattr(rundir.run, "write_run_info", real_write_run_info)
     run_train([*run_overrides, "resume=auto"])
     assert sorted(logged(tmp_path / "run")) == list(range(1, 21))
 

@@ -185,7 +185,8 @@ def test_an_existing_image_is_replaced_only_with_force(tmp_path, capsys):
     for out in (keep, tmp_path / "keep"):  # without a suffix it is the same keep.png
         with pytest.raises(SystemExit) as e:
             main([str(ckpt), "--prompt", "the king", "--out", str(out)])
-        assert e.value.code == f"error: --out {str(keep)!r} already exists; pass --force to replace it"
+        assert e.value.code == 1
+        assert capsys.readouterr().err == f"error: --out {str(keep)!r} already exists; pass --force to replace it\n"
     assert keep.read_text() == "precious\n"
     main([str(ckpt), "--prompt", "the king", "--out", str(keep), "--force"])
     assert keep.read_bytes().startswith(b"\x89PNG")

@@ -99,7 +99,8 @@ def test_an_existing_out_is_replaced_only_with_force_but_the_runs_own_plot_is_re
     keep.write_text("precious\n")
     with pytest.raises(SystemExit) as e:
         main([str(run), "--out", str(keep)])
-    assert e.value.code == f"error: --out {str(keep)!r} already exists; pass --force to replace it"
+    assert e.value.code == 1
+    assert capsys.readouterr().err == f"error: --out {str(keep)!r} already exists; pass --force to replace it\n"
     assert keep.read_text() == "precious\n"
     main([str(run), "--out", str(keep), "--force"])
     assert keep.read_bytes().startswith(b"\x89PNG") and capsys.readouterr().out == f"wrote {keep}\n"
@@ -125,7 +126,7 @@ def test_a_run_with_a_single_record_is_drawn_with_markers(tmp_path, monkeypatch)
     assert len(drawn) == 6 and all(n == 1 and marker for n, marker in drawn), drawn
 
 
-def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch, capsys):
     """An I/O error reading metrics.jsonl said only 'error: [Errno 5] Input/output error'."""
     run = write_run(tmp_path / "run")
 
@@ -135,5 +136,6 @@ def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_text", read_text)
     with pytest.raises(SystemExit) as e:
         main([str(run), "--out", str(tmp_path / "p.png")])
-    assert e.value.code == f"error: {str(run / 'metrics.jsonl')!r} cannot be read (Input/output error)"
+    assert e.value.code == 1
+    assert capsys.readouterr().err == f"error: {str(run / 'metrics.jsonl')!r} cannot be read (Input/output error)\n"
     assert not (tmp_path / "p.png").exists()
