@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.trained import find_checkpoint, load_model, saved_cache_dir
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             model, path = import_hf(args.hf_dir, args.checkpoint, args.force)
             print(f"wrote {path} ({model.num_params() / 1e6:.2f}M parameters)")  # as the training header
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        exit_with_error(e)
 
 
 if __name__ == "__main__":

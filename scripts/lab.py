@@ -17,6 +17,7 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
 from lab.server import is_loopback, make_server, url_of
 from lab.session import LabSession
@@ -54,11 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         session = LabSession(args.source, args.device, args.root)
     except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        exit_with_error(e)
     try:
         server = make_server(session, args.host, args.port)
     except OSError as e:  # port taken, unknown host, no permission
-        sys.exit(f"error: cannot listen on {args.host}:{args.port} ({e.strerror or e})")
+        exit_with_error(f"cannot listen on {args.host}:{args.port} ({e.strerror or e})")
     # Ctrl-C stops the server even when a shell started it in the background (which ignores SIGINT).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if not is_loopback(args.host):
