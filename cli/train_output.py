@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +73,19 @@ def console_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def python_command() -> str:
+    """How to run this interpreter from the shell: `python` where that is the one on PATH (an activated
+    venv), else its path (`.venv/bin/python` after README command 1), so every command printed runs as
+    pasted rather than failing with `No module named 'torch'`."""
+    on_path = shutil.which("python")
+    if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable):
+        return "python"
+    executable = Path(sys.executable).absolute()
+    with contextlib.suppress(ValueError):
+        return shlex.quote(str(executable.relative_to(Path.cwd().absolute())))
+    return shlex.quote(str(executable))
+
+
 def new_run_dir(root: Path = OUTPUTS) -> Path:
     """`outputs/DATE/TIME`, not yet created; `-2`, `-3`, ... when a run of the same second has it."""
     base = root / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
@@ -134,7 +148,7 @@ def continue_command(out_dir: Path | str, overrides: Sequence[str], drop: Sequen
     kept = [o for o in overrides if override_key(o) not in keys]
     out_dir = run_dir_itself(Path(out_dir))
     run = f"out_dir={shell_quote(hydra_value(str(out_dir)))}"
-    return " ".join(["python train.py", run, "resume=auto", *map(shell_quote, kept)])
+    return " ".join([python_command(), "train.py", run, "resume=auto", *map(shell_quote, kept)])
 
 
 def insisted_hint(out_dir: Path, overrides: Sequence[str]) -> str | None:
@@ -152,7 +166,7 @@ def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
     keys = (*RUN_KEYS, "hydra.sweep.dir")
     kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
     folder = f"hydra.sweep.dir={shell_quote(hydra_value(sweep_dir))}"
-    return " ".join(["python train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
+    return " ".join([python_command(), "train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
 
 
 def run_dir_itself(out_dir: Path) -> Path:
@@ -233,13 +247,14 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
     far = how_far(out_dir)
     dropped, end = new_end(far)
     prompt = f' "{DEMO_PROMPT}"' if far is None or far["prompt"] else ""  # none: it starts as a document does
+    python = python_command()
     return "\n".join(
         [
             f"done: {val}run directory {out_dir}",
             f"  {checkpoint}",
-            f"  sample:   python scripts/sample.py {out}{prompt}",
+            f"  sample:   {python} scripts/sample.py {out}{prompt}",
             f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
-            f"  plots:    {out_dir / 'plots.png'}  (python scripts/plot_run.py {out} OTHER_RUN ... to compare)",
+            f"  plots:    {out_dir / 'plots.png'}  ({python} scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]
     )
 
@@ -265,7 +280,7 @@ class SweepHint(Callback):
 def sweep_hint(sweep_dir: str, paper: str | None = None, failed: bool = False) -> str:
     """The folder and the report command, with the `--paper` section a paper's recipe names."""
     done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
-    report = f"python scripts/ablation_report.py {shlex.quote(sweep_dir)}"
+    report = f"{python_command()} scripts/ablation_report.py {shlex.quote(sweep_dir)}"
     if paper:
         report += f" --paper {paper}"
     return f"{done}: {sweep_dir}\n  report: {report}"

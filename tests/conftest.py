@@ -2,6 +2,7 @@
 real CLIs end to end (`e2e`); tests/unit/ is fast and in-process."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,15 @@ def small_query_blocks():
     Session-wide, so module-scoped reference runs see the same blocks as the tests comparing to them."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(model.materialized_attention, "QUERY_BLOCK", 5)
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def venv_on_path():
+    """Tests run as a user who ran `source .venv/bin/activate` (the README's advice): `python` on PATH is this
+    interpreter, so printed commands read `python ...`; tests of the other case take the venv off PATH."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         yield
 
 
