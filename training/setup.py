@@ -51,6 +51,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             # From the first file written a signal stops the run at a saved step (wandb's start takes seconds).
             with StopSignals() as stop:
                 start_records(trainer)
+                warn_if_busy(cfg, dist)
                 if resumed is not None:
                     restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
                 metrics = trainer.fit(stop)
@@ -108,6 +109,20 @@ def start_records(trainer: Trainer) -> None:
         log.info("%s", run_header(trainer))
 
     distributed.on_main(start, trainer.dist)
+
+
+def warn_if_busy(cfg: TrainConfig, dist: DistInfo) -> None:
+    """Once, at the start of a budget_s run on a machine with other work (a load average above its cores):
+    such a run does fewer steps and ends far from a quiet machine's figure, which nothing else would say."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if cfg.budget_s and dist.is_main and load > cores:
+        log.warning(
+            "this machine is busy (load average %.1f on %d cores): a %g s budget buys fewer steps than on a quiet "
+            "machine; for a result that does not depend on the load, train max_steps=N budget_s=null",
+            load,
+            cores,
+            cfg.budget_s,
+        )
 
 
 def run_header(trainer: Trainer) -> str:
