@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rundir.checkpoint import load_checkpoint, save_checkpoint
-from rundir.files import NOT_A_RUN, atomic_write_bytes, link_or_copy
+from rundir.files import NO_SPACE, NOT_A_RUN, atomic_write_bytes, link_or_copy
 
 log = logging.getLogger(__name__)
 
@@ -189,16 +189,32 @@ class CheckpointDir:
         name = f"step_{step:07d}.safetensors"
         if (self.directory / name).is_symlink():
             raise ValueError(f"{self.directory / name} is a symlink; this run will not write through it")
-        path = save_checkpoint(self.directory / name, model, optimizer, meta)
-        self.owned.add(name)
-        if is_best and not (self.directory / BEST).is_symlink():
-            link_or_copy(path, self.directory / BEST)
-            self.owned.add(BEST)
+        try:
+            path = save_checkpoint(self.directory / name, model, optimizer, meta)
+            self.owned.add(name)
+            if is_best and not (self.directory / BEST).is_symlink():
+                link_or_copy(path, self.directory / BEST)
+                self.owned.add(BEST)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise OSError(e.errno, f"{e.strerror}; {self.after_no_space()}") from None
         owned_steps = [p for p in self.step_checkpoints() if p.name in self.owned and not p.is_symlink()]
         for old in owned_steps[: -self.keep_last]:
             old.unlink()
             self.owned.discard(old.name)
         return path
+
+    def after_no_space(self) -> str:
+        """What to do after a save that did not fit; resume=auto only where there is a checkpoint to continue
+        (writes are atomic, so the newest one here is whole)."""
+        newest = self.latest()
+        if newest is None:  # a fresh run's first save: its records are here, so a new start needs overwrite
+            return (
+                "no checkpoint of this run is saved yet, so there is nothing to resume: free space, then start "
+                "again with overwrite=true"
+            )
+        return f"{newest.name} is intact: free space, then continue with resume=auto"
 
 
 def trim_metrics(path: Path, step: int) -> None:

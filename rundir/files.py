@@ -4,10 +4,14 @@
     RUN/config.yaml, train.log, metrics.jsonl, run_info.json, summary.json, plots.png
     RUN/checkpoints/step_NNNNNNN.safetensors (the newest keep_last), best.safetensors
 
-- One live run per directory: an exclusive `flock` on RUN/.lock for the run's life. The kernel drops
-  it when the holder exits or dies, so a lock is never stale; a second run is refused in one line.
+- One live run per directory: an exclusive `flock` on RUN itself and on RUN/.lock for the run's life. The
+  kernel drops them when the holder exits or dies, so a lock is never stale; a second run is refused in one
+  line, also when RUN/.lock was deleted by hand (the directory's lock cannot be).
 - Every file is written to a temporary file beside it, fsynced and renamed (`atomic_write_bytes`), so a
-  crash at any instant leaves the previous version whole.
+  crash at any instant leaves the previous version whole. The rename replaces a symlink or hard link found
+  at the name rather than writing through it; the files a run appends to are first made its own
+  (`open_for_append`), and a lock file that is not a run's own regular file is refused, never opened. So a
+  run never writes outside its directory, nor into the original of a `cp -as` / `cp -al` copy it resumes.
 
 Nothing here imports torch: the tools that only read records (the report, the lab's runs tab) use it too.
 """
@@ -16,8 +20,10 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import sys
 from pathlib import Path
+from typing import TextIO
 
 LOCK = ".lock"
 METRICS = "metrics.jsonl"  # one JSON record per log step and per evaluation
@@ -25,6 +31,7 @@ RUN_INFO = "run_info.json"  # shape, size and resolved config, written when trai
 SUMMARY = "summary.json"  # final metrics and speed, written when it ends
 # Written into a sweep job's directory by Hydra before the run starts; they do not make it another run's.
 NOT_A_RUN = {LOCK, ".hydra", "train.log"}
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write that did not fit: a full disk, quota, size limit
 
 
 def file_above(path: Path) -> Path | None:
@@ -34,21 +41,23 @@ def file_above(path: Path) -> Path | None:
 
 
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Temp file in the same directory, fsync, rename, fsync the directory."""
+    """Temp file in the same directory, fsync, rename, fsync the directory. The rename replaces the name
+    `path` itself: a symlink there is replaced, its target never written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        tmp.unlink(missing_ok=True)  # a killed save's of the same pid, or a link: "x" creates, never follows
+        with open(tmp, "xb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if e.errno in NO_SPACE:  # what happened to this file only: whether a run can continue is the caller's
             raise OSError(
                 e.errno,
                 f"no space to write {path} ({len(payload) / 1e6:.1f} MB: {os.strerror(e.errno)}); "
-                "earlier checkpoints are intact; free space, then continue with resume=auto",
+                "it was not written, and its previous version, if any, is intact",
             ) from None
         raise
     finally:
@@ -56,6 +65,21 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
     dir_fd = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a crash once the directory is synced
     os.fsync(dir_fd)
     os.close(dir_fd)
+
+
+def open_for_append(path: Path) -> TextIO:
+    """`path` opened to append lines (created if missing), never through a link: a symlink or a hard link
+    found there (a `cp -as` / `cp -al` copy of a run, say) is first replaced by a copy of its own, so the
+    file it points to stays as it was. O_NOFOLLOW refuses a link made after that check."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
+            atomic_write_bytes(path, path.read_bytes() if path.exists() else b"")  # a dangling link: empty
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # O_NONBLOCK: a FIFO there is refused here, not waited on
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file; a run appends only to its own files: move it away")
+    return os.fdopen(fd, "a", buffering=1, encoding="utf-8")
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -83,6 +107,7 @@ class RunLock:
         self.created: list[Path] = []  # the directory and the parents that acquire made, innermost first
         self.found: set[str] = set()  # the names the directory held before acquire
         self._fd: int | None = None
+        self._dir_fd: int | None = None
 
     def acquire(self) -> "RunLock":
         missing = [self.directory, *self.directory.parents]
@@ -95,37 +120,103 @@ class RunLock:
             raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")
         self.created = missing[: missing.index(nearest)]
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self._dir_fd = self._lock_directory()
             self.found = {p.name for p in self.directory.iterdir()}
             self._fd = self._open_locked()
-        except OSError as e:  # read-only, another user's, a name too long: one line naming out_dir
+        except (OSError, ValueError) as e:  # ValueError: in use, or a lock path that is not a run's lock
+            self._close()
             for made in self.created:
                 with contextlib.suppress(OSError):
                     made.rmdir()
+            if isinstance(e, ValueError):
+                raise
+            # read-only, another user's, a name too long: one line naming out_dir
             where = f"{e.strerror}: {e.filename}"
             raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where})") from None
-        os.ftruncate(self._fd, 0)
+        os.ftruncate(self._fd, 0)  # verified by _open_locked: our own kind of file, and no other name for it
         os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
         return self
 
-    def _open_locked(self) -> int:
-        """The lock file, flocked. A refused run unlinks the lock file it made: one opened just before
-        that is no longer the directory's, so it is opened again."""
-        path = self.directory / LOCK
+    def _lock_directory(self) -> int | None:
+        """The directory itself, flocked: unlike RUN/.lock it cannot be deleted from under a live run. A
+        refused run may remove a directory it made: one locked just before that is made and locked again."""
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
                 os.close(fd)
-                raise RunDirInUse(
-                    f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
-                ) from None
+                raise RunDirInUse(self._in_use()) from None
+            except OSError:  # NFS emulates flock with POSIX locks, which a read-only fd cannot take: the lock
+                os.close(fd)  # file alone guards the directory there
+                return None
             with contextlib.suppress(FileNotFoundError):
-                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                if os.path.samestat(os.fstat(fd), os.stat(self.directory)):
                     return fd
             os.close(fd)
+
+    def _open_locked(self) -> int:
+        """The lock file, verified and flocked. It is opened only where it is a run's: never through a
+        symlink (O_NOFOLLOW), never a file with another name (a hard link), a FIFO, a directory, or a file
+        holding anything but a run's pid line, any of which acquire would otherwise truncate. A refused run
+        unlinks the lock file it made: one opened just before that is no longer the directory's, so it is
+        opened again."""
+        path = self.directory / LOCK
+        while True:
+            try:  # O_NONBLOCK: a FIFO named .lock is refused below instead of hanging open()
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise self._not_a_lock(f"a symlink (to {os.readlink(path)})") from None
+                if e.errno == errno.EISDIR:
+                    raise self._not_a_lock("a directory") from None
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise self._not_a_lock("not a regular file")
+                if st.st_nlink > 1:
+                    raise self._not_a_lock(f"a hard link ({st.st_nlink} names for one file)")
+                head = os.pread(fd, 4, 0)
+                if head and head != b"pid ":
+                    raise self._not_a_lock("a file that does not start with a run's 'pid ' line")
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunDirInUse(self._in_use()) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                    return fd
+            os.close(fd)
+
+    def _not_a_lock(self, what: str) -> ValueError:
+        return ValueError(
+            f"{self.directory / LOCK} is {what}, not a run's lock file; move it away (a run neither opens nor "
+            "truncates it), then start again"
+        )
+
+    def _in_use(self) -> str:
+        """The refusal, naming the live run from its lock file's pid line where that can be read safely."""
+        holder = "another process"
+        with contextlib.suppress(OSError):
+            fd = os.open(self.directory / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                text = os.read(fd, 4096).decode(errors="replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+            finally:
+                os.close(fd)
+            holder = text if text.startswith("pid ") else holder
+        return f"{self.directory} is in use by a live run ({holder}); wait for it or choose another out_dir"
+
+    def _close(self) -> None:
+        """Closing the descriptors releases the flocks."""
+        for fd in (self._fd, self._dir_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._dir_fd = None
 
     def release(self, discard: bool = False) -> None:
         if self._fd is None:
@@ -136,5 +227,4 @@ class RunLock:
             for made in self.created:
                 with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
                     made.rmdir()
-        os.close(self._fd)  # closing the descriptor releases the flock
-        self._fd = None
+        self._close()

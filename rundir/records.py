@@ -7,6 +7,8 @@ report (analysis/sweep.py) lists such runs instead of dropping them. The tools t
 (the report, run plots, the lab) import their names from here, without importing torch.
 """
 
+import contextlib
+import io
 import json
 import logging
 import math
@@ -14,9 +16,9 @@ import netrc
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above
+from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above, open_for_append
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -53,7 +55,7 @@ class MetricsLogger:
     def __init__(self, out_dir: Path, cfg: LoggerConfig, config: dict[str, Any], run_id: str | None = None):
         self.path = Path(out_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 (open for the run's lifetime)
+        self._file = open_for_append(self.path)  # a link there is made the run's own file first
         self.run = None
         if cfg.wandb:
             import wandb
@@ -72,12 +74,18 @@ class MetricsLogger:
             )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        try:
+            self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        except OSError as e:  # a full disk: the write's own error names no file
+            raise OSError(e.errno, f"cannot append to {self.path} ({e.strerror})") from None
         if self.run is not None:
             self.run.log(metrics, step=step)
 
     def close(self) -> None:
-        self._file.close()
+        # Lines are flushed as written, so what close could still fail to flush is a line whose write already
+        # raised; raising again here would replace that error, which names the file, with one that does not.
+        with contextlib.suppress(OSError):
+            self._file.close()
         if self.run is not None:
             self.run.finish()
 
@@ -115,7 +123,14 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
 
 
 class RunLogHandler(logging.FileHandler):
-    """The handler that writes a run's train.log."""
+    """The handler that writes a run's train.log: opened at its first record (a start refused before any
+    leaves no train.log, so its lock can be discarded), never through a link (`open_for_append`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8", delay=True)
+
+    def _open(self) -> TextIO:
+        return open_for_append(Path(self.baseFilename))
 
 
 def log_to_file(path: Path) -> None:
@@ -123,11 +138,11 @@ def log_to_file(path: Path) -> None:
     sweep runs its jobs one after another in one process."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, RunLogHandler)]:
-        if Path(old.baseFilename) == path.resolve():
+        if old.baseFilename == os.path.abspath(path):  # as FileHandler names it: not through a symlink
             return
         root.removeHandler(old)
         old.close()
-    handler = RunLogHandler(path, encoding="utf-8")
+    handler = RunLogHandler(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     root.addHandler(handler)
 
@@ -250,9 +265,10 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path) -> Path:
             if col == 1:
                 ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     fig.suptitle(", ".join(labels) if len(labels) <= 4 else f"{len(labels)} runs", fontsize=11)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()  # then written atomically: a symlinked RUN/plots.png is replaced, not written through
+    fig.savefig(image, format=path.suffix[1:].lower(), dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, image.getvalue())
     return path
 
 

@@ -17,6 +17,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
+MAX_LR = 1000.0  # lr and muon_lr: see OptimConfig.validate
 
 
 @dataclass
@@ -44,9 +45,17 @@ class OptimConfig:
                 raise ValueError(
                     f"optim.{name}={getattr(self, name)!r} is unknown; choose one of: {', '.join(allowed)}"
                 )
+        # Adam and Muon move each weight by about lr a step, so an lr above 1 only diverges, and 1e300 overflowed
+        # the update's float32 scalars: a crash after the run's first records. MAX_LR is generous and stays far
+        # below that overflow, also after Adam's bias correction (lr / (1 - beta1) < 1e19 for any float beta1 < 1).
         for name in ("lr", "muon_lr"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0")
+            if getattr(self, name) > MAX_LR:
+                raise ValueError(
+                    f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0 and <= {MAX_LR:g} "
+                    "(a step moves each weight by about lr: far smaller values already diverge)"
+                )
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"optim.min_lr={self.min_lr} is invalid; it must be in [0, optim.lr={self.lr}]")
         if self.warmup_steps < 0:

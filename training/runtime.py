@@ -32,19 +32,28 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' picks CUDA, then Apple MPS, then CPU."""
+    """'auto' picks CUDA, then Apple MPS, then CPU; anything else must be a device this machine has."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+    invalid = f"device={name!r} is invalid; use auto, cpu, cuda, cuda:N or mps"
     try:
         device = torch.device(name)
     except RuntimeError as e:
-        raise ValueError(f"device={name!r} is invalid; use auto, cpu, cuda, cuda:N or mps") from e
+        raise ValueError(invalid) from e
+    if device.type not in ("cpu", "cuda", "mps"):  # torch knows meta, xla, hpu...: a run crashed on them late
+        raise ValueError(invalid)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} was asked for but CUDA is not available; use device=auto or cpu")
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        raise ValueError(
+            f"device={name!r} is not here: this machine has {count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={name!r} was asked for but Apple MPS is not available; use device=auto or cpu")
     return device
 
 

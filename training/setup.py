@@ -63,7 +63,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             return metrics
         finally:
             run.close()
-            run.release()
+            run.release(discard=True)  # a run that wrote nothing (a full disk at its first save) leaves no trace
 
 
 def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> tuple[Trainer, Checkpoint | None]:

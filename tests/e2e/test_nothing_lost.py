@@ -24,12 +24,12 @@ from tests.helpers import ROOT, compose_config, run_cli, run_train
 from training.setup import train
 
 
-def checksums(directory: Path) -> dict[str, str]:
+def checksums(directory: Path, with_lock: bool = False) -> dict[str, str]:
     """Every file under `directory` (symlinks as their target path), for before/after comparisons; the
-    lock file is left out: it names whichever process took the directory last."""
+    lock file is left out unless asked for: it names whichever process took the directory last."""
     out = {}
     for p in sorted(directory.rglob("*")):
-        if p.name == ".lock":
+        if p.name == ".lock" and not with_lock:
             continue
         if p.is_symlink():
             out[str(p.relative_to(directory))] = "-> " + os.readlink(p)
@@ -203,6 +203,10 @@ def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_
         ("budget_s=0", r"budget_s=0.0 is invalid; it must be a finite number of seconds > 0"),
         ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
         ("optim.grad_clip=nan", r"optim.grad_clip=nan is invalid; it must be a finite number >= 0"),
+        # these crashed with a traceback after writing config.yaml, metrics.jsonl, run_info.json (and .lock)
+        ("optim.lr=1e308", r"optim.lr=1e\+308 is invalid; it must be a finite number > 0 and <= 1000"),
+        ("optim.muon_lr=1e300", r"optim.muon_lr=1e\+300 is invalid; it must be a finite number > 0 and <= 1000"),
+        ("device=meta", r"device='meta' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
     ],
 )
 def test_a_refused_command_leaves_no_directory_behind(corpus_args, tmp_path, override, message):

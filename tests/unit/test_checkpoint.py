@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import rundir.checkpoint
+import rundir.files
 from model import GPT, GPTConfig
 from rundir.checkpoint import (
     load_checkpoint,
@@ -194,7 +195,9 @@ def test_save_failing_halfway_keeps_the_previous_checkpoint(saved, tmp_path):
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us at the limit
     resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))
     try:
-        with pytest.raises(OSError, match=r"no space to write .*ckpt.safetensors .*earlier checkpoints are intact"):
+        with pytest.raises(
+            OSError, match=r"ckpt.safetensors .*it was not written, and its previous version, if any, is intact$"
+        ):
             save_checkpoint(saved, model, optimizer, {"step": 8})
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
@@ -219,6 +222,28 @@ def test_disk_full_is_one_line_and_keeps_the_previous_checkpoint(saved, monkeypa
     assert "\n" not in str(info.value)
     monkeypatch.setattr(rundir.files, "open", real_open, raising=False)
     assert load_checkpoint(saved).meta["step"] == 7
+
+
+def test_disk_full_advice_names_a_checkpoint_to_continue_only_where_there_is_one(tmp_path, monkeypatch):
+    # Defect: a save that did not fit always said "earlier checkpoints are intact ... continue with
+    # resume=auto", also for a fresh run's first checkpoint, where resume=auto was then refused.
+    model, optimizer = trained_pair()
+    checkpoints = CheckpointDir(tmp_path, keep_last=2)
+    real_open = open
+
+    def full(path, mode):
+        if "step_0000020" in str(path) or "step_0000030" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode)
+
+    monkeypatch.setattr(rundir.files, "open", full, raising=False)
+    with pytest.raises(OSError, match=r"step_0000020.safetensors .*; no checkpoint of this run is saved yet, so there "
+                       r"is nothing to resume: free space, then start again with overwrite=true$"):  # fmt: skip
+        checkpoints.save(model, optimizer, {"step": 20}, 20, is_best=True)
+    checkpoints.save(model, optimizer, {"step": 10}, 10, is_best=True)
+    with pytest.raises(OSError, match=r"step_0000030.safetensors .*; step_0000010.safetensors is intact: free space, "
+                       r"then continue with resume=auto$"):  # fmt: skip
+        checkpoints.save(model, optimizer, {"step": 30}, 30, is_best=False)
 
 
 def test_keep_last_and_best_are_kept(tmp_path):
