@@ -76,14 +76,17 @@ def in_order(values) -> list:
 
 def table(cells: list[Cell], reference: Cell | None) -> str:
     keys = list(cells[0].values) if cells else []
-    head = [*keys, "d_k", "params", "FLOPs/token", "KV bytes/token", "steps", "tokens/s"]
+    # the effective d_k, unless the swept model.d_k column already shows it (it is null where d_model / h)
+    show_dk = not ("model.d_k" in keys and all(cell.values["model.d_k"] == cell.info("d_k") for cell in cells))
+    head = [*keys, *(["d_k"] if show_dk else []), "params", "FLOPs/token", "KV bytes/token", "steps", "tokens/s"]
     head += ["val loss (nats)", "Δ loss vs reference", "val bits/byte", "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
         steps = in_order({r.summary.get("step") for r in cell.runs})
         speeds = [r.summary["tokens_per_s"] for r in cell.runs if r.summary.get("tokens_per_s")]
         row = [fmt_value(v) for v in cell.values.values()]
-        row += [fmt_value(cell.info("d_k")), fmt_count(cell.info("params")), fmt_count(cell.info("flops_per_token"))]
+        row += [fmt_value(cell.info("d_k"))] if show_dk else []
+        row += [fmt_count(cell.info("params")), fmt_count(cell.info("flops_per_token"))]
         row += [fmt_count(cell_kv_bytes(cell)), "/".join(map(str, steps))]
         row += [fmt_count(sum(speeds) / len(speeds)) if speeds else "—"]
         row += [fmt_interval(t_interval(list(cell.metric("val/loss").values())))]

@@ -71,6 +71,8 @@ def test_a_grid_of_two_keys_gets_a_cell_per_pair_and_a_heatmap(tmp_path):
     assert "Δ is the paired difference against the reference (model.d_k=16, model.n_head=2)" in report
     assert "- model.d_k=8, model.n_head=1 vs model.d_k=16, model.n_head=2: val loss -1.0000 nats" in report
     assert (tmp_path / "out" / "val_loss_heatmap.png").is_file()
+    header = next(line for line in report.splitlines() if line.startswith("| model.d_k |"))
+    assert header.count("d_k") == 1, header  # the swept model.d_k is the effective d_k: one column
 
 
 def test_bad_reference_is_refused_before_anything_is_written(tmp_path):
