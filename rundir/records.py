@@ -20,6 +20,8 @@ from typing import Any, TextIO
 
 from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above, open_for_append
 
+log = logging.getLogger(__name__)
+
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -60,6 +62,9 @@ class MetricsLogger:
         if cfg.wandb:
             import wandb
 
+            mode = resolve_wandb_mode(cfg.mode)
+            # Offline, wandb's banner, history sparklines and sync hints were 30 of a run's 78 lines and pushed
+            # the closing lines off the screen: silent, and one line of ours says where the run's files are.
             self.run = wandb.init(
                 project=cfg.project,
                 entity=cfg.entity,
@@ -68,10 +73,14 @@ class MetricsLogger:
                 tags=cfg.tags,
                 config=config,
                 dir=str(out_dir),
-                mode=resolve_wandb_mode(cfg.mode),
+                mode=mode,
                 id=run_id,
                 resume="allow" if run_id else None,
+                settings=wandb.Settings(silent=True) if mode == "offline" else None,
             )
+            if mode == "offline":
+                folder = Path(self.run.dir).parent
+                log.info("wandb: offline run in %s (upload it with: wandb sync %s)", folder, folder)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         try:

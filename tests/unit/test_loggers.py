@@ -24,3 +24,19 @@ def test_each_job_of_a_sweep_logs_into_its_own_train_log_only(tmp_path):
             if isinstance(handler, logging.FileHandler) and str(tmp_path) in handler.baseFilename:
                 logging.getLogger().removeHandler(handler)
                 handler.close()
+
+
+def test_an_offline_wandb_run_prints_one_line_saying_where_its_files_are(tmp_path, capfd, caplog):
+    # Defect: wandb's banner, "Run history" sparklines and sync hints were 30 of the 78 lines a default
+    # run printed, pushing the closing lines (where the run is, the next commands) off the screen.
+    from rundir.records import LoggerConfig, MetricsLogger
+
+    with caplog.at_level(logging.INFO, logger="rundir.records"):
+        logger = MetricsLogger(tmp_path, LoggerConfig(mode="offline"), {"seed": 1})
+        logger.log({"train/loss": 1.0}, step=1)
+        logger.close()
+    out, err = capfd.readouterr()
+    assert "wandb:" not in out + err, out + err
+    [line] = [r.getMessage() for r in caplog.records if r.name == "rundir.records"]
+    folder = next((tmp_path / "wandb").glob("offline-run-*"))
+    assert line == f"wandb: offline run in {folder} (upload it with: wandb sync {folder})"
