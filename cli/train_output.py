@@ -272,9 +272,33 @@ class SweepHint(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper}
+        params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+        self.jobs, self.started = count_jobs([*config.hydra.overrides.task, *params]), time.perf_counter()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """`job i of N`, and once a job has finished, the time the rest will take at the pace so far."""
+        done = int(config.hydra.job.num)
+        if not getattr(self, "jobs", None):
+            return
+        eta = ""
+        if done:
+            left = (time.perf_counter() - self.started) / done * (self.jobs - done)
+            eta = f", about {left / 60:.0f} min left" if left >= 60 else f", about {left:.0f} s left"
+        print(f"job {done + 1} of {self.jobs}: {config.hydra.job.override_dirname or 'defaults'}{eta}", file=sys.stderr)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
+
+
+def count_jobs(overrides: Sequence[str]) -> int:
+    """Jobs a basic sweep runs: the product of each sweep override's number of values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    jobs = 1
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override():
+            jobs *= len(list(override.sweep_string_iterator()))
+    return jobs
 
 
 def sweep_hint(sweep_dir: str, paper: str | None = None, failed: bool = False) -> str:

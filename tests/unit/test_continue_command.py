@@ -199,3 +199,32 @@ def test_the_sample_command_gives_a_prompt_the_model_can_encode(tmp_path, chars,
     run = finished_run(tmp_path / "run", step=20, elapsed_s=4.0, max_steps=20, budget_s=None, chars=chars)
     (line,) = [line for line in closing_lines(run, {}, []).splitlines() if "sample:" in line]
     assert line == f"  sample:   python scripts/sample.py {run}{prompt}"
+
+
+def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
+    # Defect: a sweep never said "job i of N" or how long the rest would take.
+    from omegaconf import OmegaConf
+
+    from cli import train_output
+    from cli.train_output import SweepHint, count_jobs
+
+    assert count_jobs(["model.n_head=1,2,4", "seed=1337,1338", "+debug=tiny", "x=range(3)"]) == 18
+    hint = SweepHint()
+    start = OmegaConf.create(
+        {
+            "hydra": {
+                "sweep": {"dir": "multirun/x"},
+                "sweeper": {"params": {"seed": "1,2"}},
+                "overrides": {"task": ["a=1,2,3"]},
+            }
+        }
+    )
+    clock = iter([100.0, 130.0])
+    monkeypatch.setattr(train_output.time, "perf_counter", lambda: next(clock))
+    hint.on_multirun_start(start)
+    for num in (0, 1):
+        hint.on_job_start(OmegaConf.create({"hydra": {"job": {"num": num, "override_dirname": f"a={num + 1},seed=1"}}}))
+    assert capsys.readouterr().err.splitlines() == [
+        "job 1 of 6: a=1,seed=1",
+        "job 2 of 6: a=2,seed=1, about 2 min left",
+    ]
