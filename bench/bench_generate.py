@@ -5,6 +5,8 @@
     python bench/bench_generate.py --quick         # 128 / 512 new tokens only, for a fast check
     python bench/bench_generate.py --threads 1     # one thread: batch-1 decoding is latency-bound, and
                                                      # a second thread only helps on an otherwise idle CPU
+    python bench/bench_generate.py --contention    # the default model's decode, quiet and beside a busy job,
+                                                     # with torch's default threads and decode_threads' choice
 
 Model: 4 layers, d_model 256, 4 heads of d_k 64, learned positions (the earlier default, not today's
 configs/model/small.yaml: d_model 128, RoPE + QK-norm), so HF's GPT-2 has the same shape; block_size
@@ -14,10 +16,19 @@ tokens/s = new tokens / median wall time of whole `generate` calls (prefill of t
 included); latency = median of 32 single decode steps with the cache holding `position` tokens.
 HF rows (only when `transformers` is installed): GPT2LMHeadModel of the same shape, randomly
 initialised, `generate(do_sample=False, use_cache=True)`.
+
+--contention: the default run's model (configs/, composed as train.py does; random weights) decodes greedily
+from a 16-token prompt to its block_size, again and again for --seconds, with torch's default thread count
+and with the count generation.generate.decode_threads picks for it (as if OMP_NUM_THREADS were unset);
+first on a quiet CPU, then beside a competing process that multiplies matrices on every core until it is
+killed. tokens/s = new tokens / wall time.
 """
 
 import argparse
+import dataclasses
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,8 +40,9 @@ if __package__ in (None, ""):  # run as a file (python bench/bench_generate.py):
 import torch
 
 from cli.schema_help import OneLineParser, at_least
-from generation.generate import SamplingParams, generate
+from generation.generate import SamplingParams, decode_threads, generate, torch_threads
 from model import GPT, GPTConfig
+from training.runtime import device_name
 
 PROMPT = 64
 BLOCK_SIZE = 2048
@@ -83,6 +95,82 @@ def uncached_latency(model: GPT, position: int, repeats: int = 5) -> float:
     return median_seconds(lambda: model(idx, last_only=True), repeats)
 
 
+# The competing job: every core multiplying matrices, "ready" once it is busy. It stops when killed, and by
+# itself when its parent is gone (a benchmark killed in turn) or after 15 minutes: never left spinning.
+BUSY_JOB = """
+import os, sys, time, torch
+parent, end = int(sys.argv[1]), time.monotonic() + 900
+a = torch.randn(384, 384)
+a @ a
+print("ready", flush=True)
+while os.getppid() == parent and time.monotonic() < end:
+    a @ a
+"""
+
+
+def busy_job(cores: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(cores)}
+    command = [sys.executable, "-c", BUSY_JOB, str(os.getpid())]
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    if job.stdout is None or job.stdout.readline().strip() != "ready":
+        job.kill()
+        raise RuntimeError("the competing process did not start")
+    return job
+
+
+@torch.no_grad()
+def decode_rate(model: GPT, seconds: float) -> float:
+    """New tokens per second of greedy cached generation from a 16-token prompt to block_size, repeated
+    for at least `seconds` (at least once)."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(model.config.block_size - 16, temperature=0, top_k=None, seed=None)
+    tokens, start = 0, time.perf_counter()
+    while tokens == 0 or time.perf_counter() - start < seconds:
+        generate(model, prompt, params)
+        tokens += params.max_new_tokens
+    return tokens / (time.perf_counter() - start)
+
+
+def contention(seconds: float) -> None:
+    """The default model's decode tokens/s, quiet and beside a busy job, with each thread count."""
+    from bench.bench_train import load_config  # Hydra: only this mode needs it
+
+    cfg = load_config([])
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.data.bpe_vocab_size)
+    torch.manual_seed(0)
+    model = GPT(model_cfg).eval()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    default = torch.get_num_threads()
+    chosen = decode_threads(model, environ={}) or default
+    print(
+        f"cpu: {device_name(torch.device('cpu'))}, {cores} cores; model: the default run's "
+        f"({model.num_params() / 1e6:.1f}M params, block_size {model_cfg.block_size}), fp32, torch {torch.__version__}"
+    )
+    settings = {f"torch default ({default})": default, f"decode_threads ({chosen})": chosen}
+    generate(model, torch.zeros(1, 1, dtype=torch.long), SamplingParams(8, temperature=0, seed=None))  # warm-up
+    quiet = {}
+    for name, threads in settings.items():
+        with torch_threads(threads):
+            quiet[name] = decode_rate(model, seconds)
+    busy, job = {}, busy_job(cores)
+    try:
+        for name, threads in settings.items():
+            with torch_threads(threads):
+                busy[name] = decode_rate(model, seconds)
+    finally:
+        job.kill()
+        job.wait()
+    header = f"{'threads':>20} | {'quiet tok/s':>11} | {'beside a busy job tok/s':>23} | {'busy / quiet':>12}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for name in settings:
+        print(f"{name:>20} | {quiet[name]:>11.1f} | {busy[name]:>23.1f} | {busy[name] / quiet[name]:>11.2f}x")
+    first, second = settings
+    print(
+        f"\n{second} / {first}: quiet {quiet[second] / quiet[first]:.2f}x, beside a busy job "
+        f"{busy[second] / busy[first]:.2f}x"
+    )
+
+
 def main() -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -91,9 +179,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=at_least(1), default=3, help="runs per cached measurement (median)")
     parser.add_argument("--quick", action="store_true", help="skip the 1024-token rows")
     parser.add_argument("--threads", type=at_least(0), default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--contention", action="store_true", help="decode tokens/s quiet and beside a busy job, per thread count"
+    )
+    parser.add_argument(
+        "--seconds", type=at_least(1), default=5, help="--contention: seconds per measurement (--quick: 0.2)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.contention:
+        contention(0.2 if args.quick else args.seconds)
+        return
 
     model, hf = make_model(args.vocab), make_hf_model(args.vocab)
     print(

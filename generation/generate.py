@@ -14,8 +14,7 @@ context (the reference the cache is tested against, token for token).
 Batches of prompts of different lengths are padded on the left (`pad_prompts`); positions count
 from each row's first real token, so every row gets exactly the tokens it would get alone.
 
-The engine is `stream_tokens(model, idx, params)`, one `SamplingParams` (generation/generate.py) per
-request; `GPT.generate`/`GPT.stream` keep their keyword signatures and build one. `encode_prompt`
+The engine is `stream_tokens(model, idx, params)`, one `SamplingParams` per request. `encode_prompt`
 and `stream_text` are the text ends of it that scripts/sample.py and the trainer share.
 
 Past the context: the model only ever conditions on the last `context_length` tokens (default
@@ -27,10 +26,18 @@ sinusoidal and rotary positions are defined everywhere, so those models may take
 beyond the block_size they were trained on. That runs, and the cache is sized for it, but a model
 has never seen those positions (RoPE: those rotation angles) in training, and its loss there is
 usually worse than with the cropped window: measure before relying on it.
+
+Threads: decoding one token of a small model is a few million FLOPs, too little to split. On a CPU that
+anything else is using, torch's OpenMP threads then spin at their barriers waiting for each other (2 cores
+beside another job: 10 tokens/s with 2 threads, 132 with 1). `decode_threads` picks the count for the
+work, and `torch_threads` sets it for a block and restores it; scripts/sample.py, its REPL and the lab
+sample inside `with torch_threads(decode_threads(model, requested)):`.
 """
 
 import math
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,7 +53,9 @@ MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_new_tokens: int = 500  # tokens to generate after the prompt (>= 1)
+    # tokens to generate after the prompt (>= 1); once prompt and sample pass context_length, each further
+    # token re-reads the whole window (no rolling cache): several times slower than the tokens before it
+    max_new_tokens: int = 200
     temperature: float = 0.8  # divides the logits; 0 = greedy (argmax, deterministic)
     top_k: int | None = 200  # sample among the k most likely tokens only; none = no limit
     top_p: float | None = None  # nucleus: most likely tokens up to probability p, in (0, 1]; none = all
@@ -140,6 +149,40 @@ def sample_next(
     if top_p is not None and top_p < 1.0:
         logits = keep_top_p(logits, top_p)
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+# -- threads ---------------------------------------------------------------------------------------------
+
+# Forward FLOPs of one decoded token (at a full context) below which one thread decodes fastest: the
+# default model needs ~3M, GPT-2 small ~285M; 1e8 is a GPT-2-shaped model of ~45M parameters.
+ONE_THREAD_DECODE_FLOPS = 1e8
+
+
+def decode_threads(model: "GPT", requested: int | None = None, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The torch threads to sample `model` with: `requested` when given; None (leave torch's count as it
+    is) when OMP_NUM_THREADS is set, the model is not on the CPU, or a decode step is big enough to split;
+    else 1."""
+    if requested is not None:
+        check_int("threads", requested, low=1)
+        return requested
+    if "OMP_NUM_THREADS" in environ or model.tok_emb.weight.device.type != "cpu":
+        return None
+    return 1 if model.flops_per_token() / 3 < ONE_THREAD_DECODE_FLOPS else None
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` inside the block (None: unchanged), then restored.
+    The count is process-wide: callers that share a model across threads hold its lock around this."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # -- generation -----------------------------------------------------------------------------------------

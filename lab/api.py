@@ -106,7 +106,7 @@ def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
     idx = session.encode(text(body, "prompt"))
 
     def records() -> Iterator[dict]:
-        with session.lock:
+        with session.lock, session.sampling_threads():
             ids, counted = idx.tolist(), LastDecode(session.tokenizer)
             for piece in stream_text(session.model, counted, ids, settings, session.device):
                 yield {"text": piece, "tokens": counted.ids}
@@ -140,7 +140,7 @@ def measure(session: LabSession, idx: torch.Tensor, gates: torch.Tensor | None, 
     model, tokenizer = session.model, session.tokenizer
     loss = prompt_loss(model, idx, gates) if idx.shape[0] >= 2 else None
     top = [{"token": token_text(tokenizer, i), "p": p} for i, p in next_token_top(model, idx, 10, gates)]
-    with gated(model, gates):
+    with gated(model, gates), session.sampling_threads():
         text = "".join(stream_text(model, tokenizer, idx.tolist(), settings, session.device))
     return {"loss": loss, "top": top, "sample": text}
 

@@ -4,12 +4,16 @@ The model is loaded once and used under a lock: head gates are hooks on the shar
 requests running at once would see each other's gates. A lab serves one person; serialising is
 cheaper than a model copy per request.
 
+Samples decode under `session.sampling_threads()`: one thread for a small model unless the lab was
+started with a count (`threads`) or OMP_NUM_THREADS (generation.generate.decode_threads).
+
 The page may open runs and checkpoints under one folder only, `root` (by default the folder that holds
 the run the lab was started on): the API takes paths from a browser, and must not list or load the
 whole machine for whoever reaches it.
 """
 
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ import torch
 from analysis.attention import token_text
 from analysis.trained import load_trained
 from data import Tokenizer
-from generation.generate import encode_prompt
+from generation.generate import decode_threads, encode_prompt, torch_threads
 from model import GPT
 from rundir.files import METRICS
 from training.runtime import resolve_device
@@ -44,9 +48,12 @@ def default_root(source: Path) -> Path:
 class LabSession:
     """The model, tokenizer and checkpoint a lab server works with; use `with session.lock:` around the model."""
 
-    def __init__(self, source: str | Path, device: str = "cpu", root: str | Path | None = None) -> None:
+    def __init__(
+        self, source: str | Path, device: str = "cpu", root: str | Path | None = None, threads: int | None = None
+    ) -> None:
         self.lock = threading.Lock()
         self.device = resolve_device(device)
+        self.threads = threads  # torch threads for sampling; None: decode_threads' choice for the model
         self.root = Path(root or default_root(Path(source))).expanduser().resolve()
         self.load(source)
 
@@ -70,6 +77,11 @@ class LabSession:
             self.checkpoint = trained.path
             self.step = trained.meta.get("step")
             self.run_dir = run_dir_of(source, trained.path)
+
+    def sampling_threads(self) -> AbstractContextManager[None]:
+        """torch's thread count for sampling the loaded model, restored after; use inside `with self.lock:`
+        (the count is process-wide, and another request may be using the model)."""
+        return torch_threads(decode_threads(self.model, self.threads))
 
     def encode(self, prompt: str) -> torch.Tensor:
         """The prompt's token ids (T,) on the model's device; ValueError names unknown characters."""

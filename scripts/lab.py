@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.errors import exit_with_error
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, at_least
 from lab.server import is_loopback, make_server, url_of
 from lab.session import LabSession
 from training.runtime import resolve_device
@@ -31,6 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="port; 0 = pick a free one (default)")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps (default: cpu)")
     parser.add_argument("--root", help="the folder whose runs and checkpoints the page may open (default: the run's)")
+    parser.add_argument(
+        "--threads",
+        type=at_least(1),
+        help="torch CPU threads for sampling (default: 1 for a small model, unless OMP_NUM_THREADS is set)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
@@ -53,7 +58,7 @@ def exit_without_finalizing(status: int) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        session = LabSession(args.source, args.device, args.root)
+        session = LabSession(args.source, args.device, args.root, threads=args.threads)
     except (ValueError, FileNotFoundError) as e:
         exit_with_error(e)
     try:

@@ -1,7 +1,7 @@
 """Sample text from a trained checkpoint or run directory; the prompt goes in exactly as typed.
 
     python scripts/sample.py outputs/latest "ROMEO: But soft, what light"
-    python scripts/sample.py RUN_DIR "KING (aside): [Exit]" --temperature 0 --max-new-tokens 200 --stream
+    python scripts/sample.py RUN_DIR "KING (aside): [Exit]" --temperature 0 --max-new-tokens 500 --stream
     python scripts/sample.py RUN_DIR/checkpoints/best.safetensors --prompt-file start.txt --num-samples 3 --seed 7
     echo "ROMEO:" | python scripts/sample.py outputs/latest -      # "-" reads the prompt from stdin
     python scripts/sample.py outputs/latest -i                     # interactive: load once, prompt after prompt
@@ -9,7 +9,9 @@
 
 A run directory gives its checkpoints/best.safetensors (else its newest step checkpoint). Every
 option may be written `--max-new-tokens 9`, `--max_new_tokens=9` or `max_new_tokens=9`; a prompt
-that itself looks like `word=value` goes after `--` or in `--prompt`. The text goes to stdout; a
+that itself looks like `word=value` goes after `--` or in `--prompt` (`RUN temperature=0` is the
+option, sampled from the default prompt, and says so on stderr). On a terminal the text streams as it
+is sampled; piped or redirected, each sample is written whole (the same text). The text goes to stdout; a
 problem the user can fix prints one line `error: ...` on stderr before anything else and exits
 non-zero: 2 for a bad command line (an unknown option, a value an option does not take, a device this
 machine lacks, options that conflict), 1 for what it names (a file, the checkpoint and the settings it
@@ -20,6 +22,7 @@ import argparse
 import difflib
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,7 +37,15 @@ with exit_quietly_on_ctrl_c():  # torch takes seconds to import
     from cli.schema_help import FieldDoc, OneLineParser, show_default
     from generation.generate import SamplingParams
     from scripts.sample_repl import repl
-    from scripts.sampler import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
+    from scripts.sampler import (
+        CLI_SAMPLING_FIELDS,
+        SampleConfig,
+        Sampler,
+        bool_word,
+        cli_fields,
+        is_switch,
+        value_parser,
+    )
     from training.runtime import resolve_device
 
 # --- the command line: options generated from the schema, so --help cannot drift from it ---
@@ -53,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     for doc in cli_fields():
         flag = "--" + doc.name.replace("_", "-")
         meaning = f"{doc.help} (default: {show_default(doc.default)})"
-        if doc.type == "bool":
+        if is_switch(doc):
             flags = ("-i", flag) if doc.name == "interactive" else (flag,)
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=meaning)
         else:
@@ -67,8 +78,14 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
     `+key=value` (OneLineParser maps `--key_name`). Left alone: words after `--` (prompts that look
     like options), the word after a flag that takes a value (`--prompt x=1` is that prompt), and an
     existing path (a run directory named `lr=3`)."""
+    return read_argv(argv)[0]
+
+
+def read_argv(argv: Iterable[str]) -> tuple[list[str], list[str]]:
+    """normalize_argv's words, and the `key=value` words it read as options (in order)."""
     fields = {d.name: d for d in cli_fields()}
     out: list[str] = []
+    options: list[str] = []
     words = list(argv)
     for n, word in enumerate(words):
         if word == "--":
@@ -88,15 +105,37 @@ def normalize_argv(argv: Iterable[str]) -> list[str]:
         if key not in fields:
             hint = difflib.get_close_matches(key, fields, n=1)
             suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-            raise ValueError(
-                f"unknown option {key!r}{suggestion}; see --help (a prompt shaped like key=value goes after --)"
-            )
+            raise ValueError(f"unknown option {key!r}{suggestion} (see --help); {as_text(word)}")
+        options.append(word)
         flag = "--" + key.replace("_", "-")
-        if fields[key].type == "bool":
+        if is_switch(fields[key]):
             out.append(flag if bool_word(key, value) else "--no-" + flag[2:])
         else:
             out.append(f"{flag}={value}")
-    return out
+    return out, options
+
+
+def as_text(word: str) -> str:
+    """How to give `word` as the prompt instead: after `--`, or in --prompt, quoted for the shell."""
+    if len(word) > 40 or not word.isprintable():  # the error stays one short line
+        return "to sample it as the text, write it after -- or give it in --prompt"
+    quoted = f"'{word}'" if "'" not in word else shlex.quote(word)
+    return f"to sample the text instead, write -- {quoted} or --prompt {quoted}"
+
+
+def prompt_slot_note(argv: list[str], cfg: SampleConfig) -> str | None:
+    """One line when no prompt was given but a `key=value` word was read as an option: `sample.py RUN
+    temperature=0` samples greedily from the default prompt, which a user meaning the text should hear."""
+    if cfg.interactive or cfg.prompt_file is not None or cfg.prompt != SampleConfig.prompt:
+        return None
+    options = [w.lstrip("+") for w in read_argv(argv)[1]]
+    if any(w.startswith("prompt=") for w in options):  # prompt=<newline>, the default, given on purpose
+        return None
+    options = [w for w in options if not w.startswith("checkpoint=")]
+    if not options:
+        return None
+    read = f"note: read {options[0]} as an option and no prompt was given, so the sample starts from {cfg.prompt!r}"
+    return f"{read}; {as_text(options[0])}"
 
 
 def takes_value(word: str, fields: dict[str, FieldDoc]) -> bool:
@@ -104,7 +143,7 @@ def takes_value(word: str, fields: dict[str, FieldDoc]) -> bool:
     abbreviation argparse accepts (`--prompt-f`), not `--stream` nor `--seed=3`."""
     if not word.startswith("--") or "=" in word:
         return False
-    flags = {"--" + name.replace("_", "-"): doc.type != "bool" for name, doc in fields.items()}
+    flags = {"--" + name.replace("_", "-"): not is_switch(doc) for name, doc in fields.items()}
     flag = word.replace("_", "-")
     if flag in flags:
         return flags[flag]
@@ -190,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_with_error(e, 2)
     if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives no stream to write to
         exit_with_error(OSError("stdout is closed; there is nowhere to write the sample"), 1)
+    if note := prompt_slot_note(sys.argv[1:] if argv is None else argv, cfg):
+        print(note, file=sys.stderr, flush=True)
     try:
         if cfg.interactive:
             repl(Sampler(cfg), cfg, sys.stdin, sys.stdout, sys.stderr)

@@ -2,8 +2,10 @@
 prompt from stdin, with `:name value` commands changing the sampling settings while it runs.
 
 It reads plain lines from stdin, so a test (or a pipe) can drive it: `printf 'ROMEO:\n:seed 2\n' |
-python scripts/sample.py RUN -i`. Each prompt starts a fresh generator from the current seed, so a
-prompt gives exactly what the one-shot command with the same settings prints.
+python scripts/sample.py RUN -i`. Lines that arrive while a sample is being written wait in the pipe's
+or the terminal's buffer and are read in turn (Ctrl-C is the exception: a terminal drops the typed-ahead
+input with it). Each prompt starts a fresh generator from the current seed, so a prompt gives exactly
+what the one-shot command with the same settings prints; on a terminal the sample streams as it is made.
 """
 
 import dataclasses
@@ -11,7 +13,15 @@ import difflib
 from typing import TextIO
 
 from cli.schema_help import show_default
-from scripts.sampler import CLI_SAMPLING_FIELDS, SampleConfig, Sampler, bool_word, cli_fields, value_parser
+from scripts.sampler import (
+    CLI_SAMPLING_FIELDS,
+    SampleConfig,
+    Sampler,
+    bool_word,
+    cli_fields,
+    is_switch,
+    value_parser,
+)
 
 REPL_ALIASES = {"max": "max_new_tokens", "temp": "temperature", "k": "top_k", "p": "top_p", "n": "num_samples"}
 REPL_SETTINGS = ("num_samples", "stream", "stop_at_eot")  # SampleConfig fields the REPL may change
@@ -76,7 +86,7 @@ def repl_command(name: str, value: str, cfg: SampleConfig, out: TextIO) -> Sampl
         raise ValueError(f"unknown command :{name}{f' (did you mean :{hint[0]}?)' if hint else ''}; :help lists them")
     doc = docs[name]
     try:
-        parsed = bool_word(name, value) if doc.type == "bool" else value_parser(doc)(value)
+        parsed = bool_word(name, value) if is_switch(doc) else value_parser(doc)(value)
     except (TypeError, ValueError) as e:
         if str(e).startswith(f"{name}="):
             raise

@@ -9,7 +9,15 @@ from typing import TextIO
 
 from analysis.trained import load_trained
 from cli.schema_help import FieldDoc, schema_fields
-from generation.generate import SamplingParams, check_context_length, encode_prompt, stream_text
+from generation.generate import (
+    SamplingParams,
+    check_context_length,
+    check_int,
+    decode_threads,
+    encode_prompt,
+    stream_text,
+    torch_threads,
+)
 from training.runtime import resolve_device
 
 SEPARATOR = "\n---------------\n"
@@ -22,11 +30,14 @@ class SampleConfig:
     prompt: str = "\n"  # the text to continue, as typed; "-" reads it from stdin
     prompt_file: str | None = None  # read the prompt from this UTF-8 file instead
     num_samples: int = 1  # samples per prompt, separated by a line of dashes
-    stream: bool = False  # print tokens as they are sampled
+    stream: bool | None = None  # print tokens as they are sampled; none = when stdout is a terminal
     interactive: bool = False  # a prompt loop on stdin that loads the model once (:help lists its commands)
     stop_at_eot: bool = False  # end a sample at the tokenizer's end-of-text token
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     cache_dir: str = ""  # tokenizer files (GPT-2 ranks); "" = the checkpoint's data.cache_dir
+    # torch CPU threads; none = 1 for a small model (its decode steps are too small to split, and spare
+    # threads spin when the CPU is busy), else torch's default; an OMP_NUM_THREADS you set is kept
+    threads: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def validate(self) -> None:
@@ -35,6 +46,8 @@ class SampleConfig:
             raise ValueError("no checkpoint given; pass a checkpoint file or a run directory first")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
+        if self.threads is not None:
+            check_int("threads", self.threads, low=1, rule="it must be >= 1 (or none for the default)")
 
 
 def cli_fields() -> list[FieldDoc]:
@@ -42,6 +55,11 @@ def cli_fields() -> list[FieldDoc]:
     own = [d for d in schema_fields(SampleConfig) if not d.name.startswith("sampling.")]
     sampling = {d.name: d for d in schema_fields(SamplingParams)}
     return own + [sampling[name] for name in CLI_SAMPLING_FIELDS]
+
+
+def is_switch(doc: FieldDoc) -> bool:
+    """A true/false option (`--stream` / `--no-stream`, `stream=yes`), whether or not it may be left unset."""
+    return doc.type in ("bool", "bool | None")
 
 
 def value_parser(doc: FieldDoc) -> Callable[[str], object]:
@@ -87,19 +105,29 @@ class Sampler:
         params = self.params(cfg)
         ids = encode_prompt(self.tokenizer, text, self.model.config.vocab_size)
         generator = params.make_generator(self.device)  # one per call: samples 2..n continue its draws
+        stream = is_terminal(out) if cfg.stream is None else cfg.stream
         samples = []
-        for i in range(cfg.num_samples):
-            if i:
-                out.write(SEPARATOR)
-            out.write(text)
-            pieces = []
-            for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
-                pieces.append(piece)
-                if cfg.stream:
-                    out.write(piece)
-                    out.flush()
-            completion = "".join(pieces)
-            out.write(("" if cfg.stream else completion) + "\n")
-            out.flush()
-            samples.append(text + completion)
+        with torch_threads(decode_threads(self.model, cfg.threads)):
+            for i in range(cfg.num_samples):
+                if i:
+                    out.write(SEPARATOR)
+                out.write(text)
+                pieces = []
+                for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
+                    pieces.append(piece)
+                    if stream:
+                        out.write(piece)
+                        out.flush()
+                completion = "".join(pieces)
+                out.write(("" if stream else completion) + "\n")
+                out.flush()
+                samples.append(text + completion)
         return samples
+
+
+def is_terminal(out: TextIO) -> bool:
+    """Whether `out` is a terminal (a person watching): samples then stream; a pipe or file gets whole ones."""
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

@@ -14,7 +14,7 @@ import torch
 
 from data.batches import PreparedData
 from data.prepare import prepare as prepare_data
-from generation.generate import SamplingParams, encode_prompt, stream_text
+from generation.generate import SamplingParams, decode_threads, encode_prompt, stream_text, torch_threads
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, restore_rng_state
@@ -211,10 +211,11 @@ def print_sample(trainer: Trainer) -> None:
 
     def show() -> None:
         params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
-        tokens = stream_text(
-            model.to(trainer.device).eval(), trainer.data.tokenizer, trainer.sample_prompt_ids, params, trainer.device
-        )
-        print(f"\n--- sample ---\n{cfg.sample_prompt}{''.join(tokens)}\n--------------")
+        sampled = model.to(trainer.device).eval()
+        with torch_threads(decode_threads(sampled)):  # one thread for a small model's decode: fast on a busy CPU
+            ids = trainer.sample_prompt_ids
+            text = "".join(stream_text(sampled, trainer.data.tokenizer, ids, params, trainer.device))
+        print(f"\n--- sample ---\n{cfg.sample_prompt}{text}\n--------------")
 
     distributed.on_main(show, trainer.dist)
 

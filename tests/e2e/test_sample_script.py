@@ -1,8 +1,10 @@
 """scripts/sample.py: prompts as typed, run directories, the REPL, generated --help, one-line errors."""
 
+import dataclasses
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict
@@ -18,6 +20,8 @@ from generation.generate import SamplingParams
 from model import GPT, GPTConfig
 from rundir.checkpoint import save_checkpoint
 from scripts.sample import SampleConfig, cli_fields, main, parse_args, sample
+from scripts.sample_repl import repl
+from scripts.sampler import Sampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -467,3 +471,111 @@ def test_a_closed_stdout_is_one_error_line(run_dir, capsys, monkeypatch):
         main([str(run_dir), "ROMEO:", "--max-new-tokens", "3"])
     assert e.value.code == 1
     assert capsys.readouterr().err == "error: stdout is closed; there is nowhere to write the sample\n"
+
+
+@pytest.mark.parametrize(
+    "args,omp,threads",
+    [
+        ([], None, 1),  # a tiny model: one thread, whatever torch's default
+        (["--threads", "2"], None, 2),
+        (["threads=3"], "4", 3),  # an explicit count wins over OMP_NUM_THREADS
+        ([], "4", None),  # the user's OMP_NUM_THREADS is kept: no call
+    ],
+)
+def test_sampling_runs_on_the_chosen_threads_and_restores_torchs(run_dir, capsys, monkeypatch, args, omp, threads):
+    # 2 cores beside another job: 10 tokens/s with torch's 2 threads, 132 with 1 (issue #34)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # pytest-xdist sets it for its workers
+    if omp:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)  # recorded, not done
+    before = torch.get_num_threads()
+    code, out, err = cli(capsys, [str(run_dir), "ROMEO:", "--max-new-tokens", "3", "--device", "cpu", *args])
+    assert (code, err) == (0, "") and out.startswith("ROMEO:")
+    assert calls == ([] if threads is None else [threads, before])
+    calls.clear()
+    repl = cli(capsys, [str(run_dir), "-i", "--max-new-tokens", "3", "--device", "cpu", *args], "a\nb\n", monkeypatch)
+    assert repl[0] == 0 and calls == ([] if threads is None else [threads, before] * 2)  # each prompt
+
+
+class Terminal(io.StringIO):
+    """stdout as a terminal: a person watching."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_a_terminal_sees_the_sample_as_it_is_made_and_a_pipe_gets_the_same_text_whole(run_dir):
+    # Nothing appeared for a minute on a slow machine: 500 tokens, written only when all were sampled
+    cfg = SampleConfig(checkpoint=str(run_dir), prompt="ROMEO:", device="cpu", sampling=SamplingParams(20, seed=2))
+    terminal, piped = Terminal(), io.StringIO()
+    assert sample(cfg, terminal) == sample(cfg, piped)
+    assert terminal.getvalue() == piped.getvalue()
+    assert terminal.writes[0] == "ROMEO:" and len(terminal.writes) >= 1 + 10 + 1  # the prompt, pieces, "\n"
+    told = Terminal()
+    sample(dataclasses.replace(cfg, stream=False), told)  # --no-stream: whole, on a terminal too
+    assert told.writes == ["ROMEO:", piped.getvalue()[len("ROMEO:") :]]
+
+
+def test_the_default_sample_is_short_and_help_says_what_happens_past_the_context(run_dir, capsys):
+    assert parse_args([str(run_dir)]).sampling.max_new_tokens == 200  # was 500: a minute on a slow CPU
+    flat = " ".join(cli(capsys, ["--help"])[1].split())
+    assert "each further token re-reads the whole window (no rolling cache)" in flat
+    assert "--threads INT" in flat and "none = when stdout is a terminal" in flat
+
+
+@pytest.mark.parametrize("source", ["pipe", "terminal"])
+def test_lines_typed_while_the_repl_samples_wait_their_turn(run_dir, source):
+    read_end, write_end = os.openpty() if source == "terminal" else os.pipe()
+    with open(read_end, encoding="utf-8") as stdin, open(write_end, "w", encoding="utf-8") as typing:
+        typing.write("ROMEO:\n")
+        typing.flush()
+
+        class Slow(Sampler):
+            def sample(self, text, cfg, out):
+                if text == "ROMEO:":  # three lines come in while the first prompt is being sampled
+                    typing.write(":max 2\nKING\n:quit\n")
+                    typing.flush()
+                return super().sample(text, cfg, out)
+
+        cfg = parse_args([str(run_dir), "-i", "--max-new-tokens", "4", "--device", "cpu"])
+        out, err = Terminal(), io.StringIO()
+        repl(Slow(cfg), cfg, stdin, out, err)
+    lines = out.getvalue().splitlines()
+    assert [len(line) for line in lines] == [len("ROMEO:") + 4, len("KING") + 2], lines
+    assert lines[1].startswith("KING") and len(out.writes) > 4  # streamed to a terminal, in the REPL too
+
+
+def test_a_key_value_word_where_the_prompt_goes_is_read_as_an_option_and_says_so(run_dir, capsys):
+    # `sample.py RUN "temperature=0"` printed a sample of the default prompt (blank lines) and nothing else
+    args = ["--max-new-tokens", "3", "--device", "cpu"]
+    code, out, err = cli(capsys, [str(run_dir), "temperature=0", *args])
+    assert code == 0 and out.startswith("\n")
+    (note,) = err.splitlines()
+    assert note.startswith("note: read temperature=0 as an option and no prompt was given, so the sample starts")
+    for way in note.split("write ", 1)[1].split(" or "):  # the two spellings the note gives read it as text
+        assert parse_args([str(run_dir), *shlex.split(way)]).prompt == "temperature=0", way
+    for quiet in (["ROMEO:", "temperature=0"], ["--", "ROMEO:"], ["--prompt", "ROMEO:", "seed=3"]):
+        assert cli(capsys, [str(run_dir), *args, *quiet])[2] == ""  # a prompt was given: nothing to say
+
+
+def test_an_unknown_key_value_word_is_refused_with_how_to_give_it_as_text(run_dir, capsys):
+    code, out, err = cli(capsys, [str(run_dir), "name=Romeo"])
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: unknown option 'name' (see --help); to sample the text instead, write -- 'name=Romeo' "
+        "or --prompt 'name=Romeo'\n"
+    )
+    assert parse_args([str(run_dir), "--prompt", "name=Romeo"]).prompt == "name=Romeo"
+    long = "Note=" + "x" * 60 + "\ny"  # the error stays one short line
+    assert cli(capsys, [str(run_dir), long])[2].endswith(
+        "to sample it as the text, write it after -- or give it in --prompt\n"
+    )

@@ -378,8 +378,10 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsy
     (it printed the usage too, and --port 99999 exited 1)."""
     from scripts.lab import main
 
-    with pytest.raises(SystemExit, match=r"^error: .*missing' does not exist; give a checkpoint file or a run"):
+    with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "missing")])
+    assert exit_.value.code == 1
+    assert re.match(r"error: .*missing' does not exist; give a checkpoint file or a run", capsys.readouterr().err)
     bad = {
         ("--port", "99999"): "error: --port 99999 is invalid; it must be 0 to 65535 (0 = a free one) (see --help)",
         ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
