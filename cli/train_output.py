@@ -277,9 +277,9 @@ class SweepHint(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """`job i of N`, and once a job has finished, the time the rest will take at the pace so far."""
-        done = int(config.hydra.job.num)
-        if not getattr(self, "jobs", None):
+        if not getattr(self, "jobs", None):  # a single run: Hydra calls this too, without a job number
             return
+        done = int(config.hydra.job.num)
         eta = ""
         if done:
             left = (time.perf_counter() - self.started) / done * (self.jobs - done)

@@ -228,3 +228,13 @@ def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
         "job 1 of 6: a=1,seed=1",
         "job 2 of 6: a=2,seed=1, about 2 min left",
     ]
+
+
+def test_a_single_runs_job_start_says_nothing():
+    # Hydra calls on_job_start for a single run too, whose config has no job number: it must not raise (Hydra
+    # would print the error as a UserWarning above the run's header).
+    from omegaconf import OmegaConf
+
+    from cli.train_output import SweepHint
+
+    SweepHint().on_job_start(OmegaConf.create({"hydra": {"job": {"num": "???"}}}))
