@@ -4,13 +4,16 @@ in one run, each scored on *every* token of the val split.
     python bench/bench_quality.py                          # the default vs nanoGPT's CPU baby GPT, 300 s each
     python bench/bench_quality.py --budget 120 --seeds 1 2 3 --recipes default adamw ...
     python bench/bench_quality.py --budget 300 -- data=shakespeare_gpt2   # Hydra overrides for every recipe
+    python bench/bench_quality.py --classical                # the compressors' bits/byte on the default val split
 
 Each recipe is `python train.py` with its overrides, `budget_s` set so the whole process (start-up,
 data, training, the last evaluation and save) fits the budget; the process's wall-clock is measured
 from outside. The score is the best checkpoint's mean loss over non-overlapping windows covering the
 whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
-char and BPE models compare. Recipes run one after another on the whole machine unless --jobs says
-otherwise (then each run gets its share of the cores, alike for every recipe).
+char and BPE models compare, and beside it the classical floor: the best of PPMd, xz, bzip2 and zstd
+primed with the train text and charged for the same val bytes (bench/classical.py; `--classical` prints
+them all, no model). Recipes run one after another on the whole machine unless --jobs says otherwise
+(then each run gets its share of the cores, alike for every recipe).
 
 On a shared machine a wall-clock budget measures the neighbours as much as the recipe. `--equal-time-steps`
 keeps the budget but takes it out of the training runs: it first times every recipe's own step
@@ -41,6 +44,7 @@ import torch
 
 from analysis.stats import fmt_interval, t_interval
 from analysis.trained import find_checkpoint, load_model
+from bench import classical
 from bench.bench_train import load_config
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least
@@ -107,12 +111,21 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
 def score(run: Path) -> dict:
     """The loss of a checkpoint (a run directory: its best) on every token of its data's val split."""
     model, ckpt = load_model(find_checkpoint(run))
-    data = prepare(DataConfig(**ckpt.meta["config"]["data"]), progress=False)
+    data_cfg = DataConfig(**ckpt.meta["config"]["data"])
+    data = prepare(data_cfg, progress=False)
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(ckpt.meta["config"].get("precision", "auto"), device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
     bpb = data.bits_per_byte(loss)
-    return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb}
+    best = classical.floor(baselines(data_cfg))
+    floor = {"floor": best["compressor"], "floor_bpb": best["bits_per_byte"]} if best else {"floor_bpb": None}
+    return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb} | floor
+
+
+def baselines(data_cfg: DataConfig) -> dict:
+    """The classical compressors on `data_cfg`'s val split: measured on this CPU once, then cached."""
+    data = prepare(data_cfg, progress=False)
+    return classical.baselines(data_cfg, data.meta, device_name(torch.device("cpu")))
 
 
 def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 8, rounds: int = 3) -> dict[str, float]:
@@ -129,20 +142,40 @@ def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 8, r
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def print_baselines(result: dict) -> None:
+    """The classical compressors' rows (bench/classical.py), with the CPU and date they were measured on."""
+    if "skipped" in result:
+        print(f"classical baselines skipped: {result['skipped']}", flush=True)
+        return
+    best = classical.floor(result)
+    print(
+        f"\nclassical compressors primed with the {result['train_bytes']:,} train bytes, charged for the "
+        f"{result['val_bytes']:,} val bytes of {result['val_documents']} documents "
+        f"({result['date']}, {result['cpu']}):"
+    )
+    for r in result["rows"]:
+        floor = "  <- the floor" if r is best else ""
+        print(f"  {r['compressor']:<18}{r['bits_per_byte']:>8.4f} bits/byte{r['seconds']:>7.0f} s{floor}", flush=True)
+
+
 def print_table(rows: list[dict], reference: str) -> None:
     head = f"{'recipe':<18}{'params':>9}{'steps':>8}{'tokens/s':>10}{'wall s':>8}"
-    print(f"\n{head}  {'val nats/token':<26}{'val bits/byte':<26}")
+    print(f"\n{head}  {'val nats/token':<26}{'val bits/byte':<26}{'above floor':>11}")
     by_recipe: dict[str, list[dict]] = {}
     for r in rows:
         by_recipe.setdefault(r["recipe"], []).append(r)
     for name, runs in by_recipe.items():
         loss = t_interval([r["val_loss"] for r in runs])
         bpb = t_interval([r["val_bpb"] for r in runs])
+        floor = runs[0]["floor_bpb"]
+        above = "—" if floor is None else f"{bpb.mean - floor:+.4f}"
         print(
             f"{name:<18}{runs[0]['params'] / 1e6:>8.2f}M{statistics.median(r['steps'] for r in runs):>8.0f}"
             f"{statistics.median(r['tokens_per_s'] for r in runs):>10,.0f}{max(r['wall_s'] for r in runs):>8.0f}  "
-            f"{fmt_interval(loss):<26}{fmt_interval(bpb):<26}"
+            f"{fmt_interval(loss):<26}{fmt_interval(bpb):<26}{above:>11}"
         )
+    for floor in sorted({(r["floor"], r["floor_bpb"]) for r in rows if r["floor_bpb"] is not None}):
+        print(f"classical floor: {floor[0]}, {floor[1]:.4f} bits/byte on the same val bytes")
     ref = {r["seed"]: r["val_bpb"] for r in by_recipe.get(reference, [])}
     for name, runs in by_recipe.items():
         if name != reference and ref:
@@ -179,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="only score RUN's best checkpoint (or a checkpoint file) on the val split",
     )
+    parser.add_argument(
+        "--classical",
+        action="store_true",
+        help="only print the classical compressors' bits/byte on the val split the overrides name",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     return parser
 
@@ -192,11 +230,22 @@ def main() -> None:
         except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
             exit_with_error(e)
         return
+    if args.classical:  # the compressors alone: no model, no budget
+        try:
+            data_cfg = load_config(args.overrides).data
+        except ValueError as e:
+            parser.error(str(e))
+        try:
+            print_baselines(baselines(data_cfg))
+        except (ValueError, OSError) as e:  # data that cannot be prepared
+            exit_with_error(e)
+        return
     if not STARTUP_S < args.budget < math.inf:  # NaN fails both
         parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")
+    configs = {}
     for name in args.recipes:  # a bad override is refused now, not after the first runs' minutes
         try:
-            load_config([*RECIPES[name], *args.overrides])
+            configs[name] = load_config([*RECIPES[name], *args.overrides])
         except ValueError as e:
             parser.error(f"recipe {name}: {e}")
     cpu = device_name(torch.device("cpu"))
@@ -207,6 +256,9 @@ def main() -> None:
         f"overrides {args.overrides or 'none'}",
         flush=True,
     )
+    splits = {classical.cache_path(cfg.data): cfg.data for cfg in configs.values()}  # recipes share a split
+    for data_cfg in splits.values():  # measured (or read from the cache) now, so the scorers only read it
+        print_baselines(baselines(data_cfg))
     length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
     if args.equal_time_steps:
         speeds = seconds_per_step(args.recipes, args.overrides)

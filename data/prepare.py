@@ -105,7 +105,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
             # A single document is written as two pieces (see the module docstring).
             pieces = docs.num_rows + (docs.num_rows == 1)
             bar = tqdm(total=pieces, desc="tokenizing", unit="doc", disable=not progress)
-            for split, texts in _split_chunks(docs, cfg):
+            for split, texts in split_chunks(docs, cfg):
                 counts[split]["documents"] += len(texts)
                 counts[split]["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
                 counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
@@ -189,12 +189,12 @@ def _texts(docs: "datasets.Dataset") -> Iterator[str]:
 
 
 def _train_texts(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[str]:
-    for split, texts in _split_chunks(docs, cfg):
+    for split, texts in split_chunks(docs, cfg):
         if split == "train":
             yield from texts
 
 
-def _split_chunks(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:
+def split_chunks(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[tuple[str, list[str]]]:
     """(split, texts) chunks in corpus order; every document lands in exactly one split."""
     if docs.num_rows == 1:
         text = docs[0]["text"]

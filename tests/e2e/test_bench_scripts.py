@@ -1,14 +1,17 @@
 """The benchmark scripts run and report what they claim (tiny shapes; no speed is asserted)."""
 
+import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from bench import bench_train
+from bench import bench_train, classical
 from bench.bench_train import measure, measure_interleaved
+from training.runtime import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,6 +81,25 @@ def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(
     assert bought.keys() == trained.keys() == {"default", "batch_12"}
     assert trained == bought and all(steps > 0 for steps in bought.values())  # each ran the steps its speed bought
     assert "batch_12 - default: " in out and "bits/byte (paired by seed)" in out
+    assert "above floor" in out and "classical floor: " in out  # the distance to the compressors' best
+
+
+def test_bench_quality_classical_prints_every_compressor_on_the_val_split_with_the_cpu(tiny_run_overrides):
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    done = subprocess.run(
+        [sys.executable, "bench/bench_quality.py", "--classical", "--", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("classical compressors primed with the ")
+    assert device_name(torch.device("cpu")) in lines[0]  # the CPU they were measured on
+    rows = {line.split("  ")[1].strip(): line for line in lines[1:]}
+    assert list(rows) == list(classical.COMPRESSORS) and all(" bits/byte " in row for row in rows.values())
+    assert sum(row.endswith("<- the floor") for row in rows.values()) == 1
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -108,6 +130,25 @@ def test_bench_generate_refuses_a_bad_value_in_one_line_before_building_anything
     assert done.returncode == 2 and done.stderr.splitlines() == [message] and done.stdout == ""
 
 
+def test_bench_generate_contention_prints_both_thread_counts_quiet_and_beside_a_busy_job():
+    # The issue's measurement (#34): 2 cores beside another job, 10 tokens/s with 2 threads, 132 with 1
+    done = subprocess.run(
+        [sys.executable, "bench/bench_generate.py", "--contention", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("cpu: ") and "the default run's (1.3M params, block_size 64)" in lines[0]
+    rows = [line.split("|") for line in lines if "|" in line and line.lstrip().startswith(("torch", "decode"))]
+    assert [row[0].split("(")[0].strip() for row in rows] == ["torch default", "decode_threads"]
+    assert rows[1][0].strip() == "decode_threads (1)"  # the default model is small: one thread
+    assert all(float(cell.strip().rstrip("x")) > 0 for row in rows for cell in row[1:])
+    assert lines[-1].startswith("decode_threads (1) / torch default (") and "beside a busy job" in lines[-1]
+
+
 def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one(tiny_run_overrides, tmp_path):
     # Defect: --score RUN read RUN/checkpoints/best.safetensors only: a checkpoint file was read as
     # FILE/checkpoints/best.safetensors, and a run without a best checkpoint gave a FileNotFoundError traceback.
@@ -126,6 +167,8 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
     by_run, by_file = score(Path(cfg.out_dir)), score(best)
     assert by_run.returncode == by_file.returncode == 0, by_file.stderr[-2000:]
     assert by_run.stdout == by_file.stdout and '"val_bpb"' in by_file.stdout
+    scored = json.loads(by_file.stdout)
+    assert scored["floor"] in classical.COMPRESSORS and 0 < scored["floor_bpb"] < 8  # the floor beside the figure
     (tmp_path / "empty run").mkdir()
     refused = score(tmp_path / "empty run")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
