@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 
 def without_this_venv() -> dict[str, str]:
@@ -21,14 +21,7 @@ def test_the_closing_lines_name_the_interpreter_when_python_on_path_is_another(t
     # Defect: the closing lines said `python scripts/sample.py ...`; pasted after README command 1 (the venv
     # not activated) they failed with "No module named 'torch'".
     env = without_this_venv()
-    done = subprocess.run(
-        [sys.executable, "train.py", *tiny_run_overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli(["train.py", *tiny_run_overrides], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in done.stderr.splitlines()
                if line.startswith(("  sample:", "  continue:"))}  # fmt: skip
