@@ -190,6 +190,11 @@ def refuse_conflicting_prompts(given: dict[str, object]) -> None:
 # --- loading and sampling ---
 
 
+# A prompt is cut to the model's context anyway; past this it is a mistake (/dev/zero), not a prompt.
+MAX_PROMPT_BYTES = 16 * 2**20
+PROMPT_LIMIT = "16 MiB (the model sees only its context's last tokens)"
+
+
 def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     if cfg.prompt_file:
         path = Path(cfg.prompt_file)
@@ -197,12 +202,18 @@ def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
             raise ValueError(f"prompt_file {str(path)!r} is a directory; give a UTF-8 text file")
         if not path.exists():  # a pipe is fine: --prompt-file <(printf 'ROMEO:'), a named FIFO
             raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist")
+        with open(path, "rb") as f:  # bounded: /dev/zero or a runaway pipe would read without end
+            data = f.read(MAX_PROMPT_BYTES + 1)
+        if len(data) > MAX_PROMPT_BYTES:
+            raise ValueError(f"prompt_file {str(path)!r} holds more than {PROMPT_LIMIT}; give a shorter prompt")
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"prompt_file {str(path)!r} is not UTF-8 text (byte {e.start})") from None
     elif cfg.prompt == "-":
-        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+        data = stdin.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stdin, "buffer") else stdin.read().encode()
+        if len(data) > MAX_PROMPT_BYTES:
+            raise ValueError(f"the prompt on stdin holds more than {PROMPT_LIMIT}; give a shorter prompt")
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -579,3 +579,13 @@ def test_an_unknown_key_value_word_is_refused_with_how_to_give_it_as_text(run_di
     assert cli(capsys, [str(run_dir), long])[2].endswith(
         "to sample it as the text, write it after -- or give it in --prompt\n"
     )
+
+
+def test_a_prompt_that_never_ends_is_refused_in_one_line(run_dir, capsys):
+    # Defect: `sample.py RUN --prompt-file /dev/zero` read without limit (memory, then a hang).
+    code, out, err = cli(capsys, [str(run_dir), "--prompt-file", "/dev/zero"])
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: prompt_file '/dev/zero' holds more than 16 MiB (the model sees only its context's last tokens); "
+        "give a shorter prompt\n"
+    )
