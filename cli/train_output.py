@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
-from rundir.files import RunDirInUse
+from rundir.files import RunDirInUse, live_run_in
 from training.config import TrainConfig
 from training.distributed import DistInfo
 
@@ -349,6 +349,17 @@ def sweeping_recipe(args: Sequence[str]) -> str | None:
     return None
 
 
+def check_no_live_job(sweep_dir: Path) -> None:
+    """A second sweep into a folder whose jobs are still training is refused before Hydra writes anything
+    (it rewrote the live job's .hydra/ files and multirun.yaml before that job's own lock refused it)."""
+    if not sweep_dir.is_dir():
+        return
+    for job in [sweep_dir, *sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink())]:
+        if live := live_run_in(job):
+            held = live.partition("; wait for it")[0]
+            raise ValueError(f"hydra.sweep.dir={sweep_dir} holds a live sweep ({held}); wait for it or give another")
+
+
 def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
     refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
@@ -363,6 +374,8 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
             f"{given[0]} does not apply to a sweep ({sweep}): each job writes to its own folder under "
             f"hydra.sweep.dir; give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
         )
+    if sweep and (folder := next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)):
+        check_no_live_job(Path(folder))
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:
         return argv

@@ -228,3 +228,21 @@ class RunLock:
                 with contextlib.suppress(OSError):  # not empty: another run wrote there meanwhile
                     made.rmdir()
         self._close()
+
+
+def live_run_in(directory: Path) -> str | None:
+    """The refusal naming a live run that holds `directory` (its flock), or None: a probe that takes and at
+    once drops a shared lock, so it never holds up a run (a sweep checks its folder's jobs before it starts)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return RunLock(directory)._in_use()
+    except OSError:  # no flock on this file system: the run's own lock file still guards it
+        return None
+    finally:
+        os.close(fd)
+    return None

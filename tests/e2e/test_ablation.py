@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,27 @@ def test_out_dir_given_to_a_recipe_that_is_itself_a_sweep_is_refused_before_any_
         f"folder under hydra.sweep.dir; give hydra.sweep.dir={out} instead"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_sweep_into_a_live_sweeps_folder_is_refused_before_it_writes(tmp_path):
+    # Defect: the refused second sweep had already rewritten the live job's .hydra/*.yaml (its overrides then
+    # named another config), appended to its train.log and replaced multirun.yaml.
+    sweep = tmp_path / "sweep"
+    first = [str(ROOT / "train.py"), "-m", "+debug=tiny", "max_steps=100000", "model.n_head=1,2", "progress=false"]
+    live = subprocess.Popen([sys.executable, *first, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (sweep / "0" / "metrics.jsonl").is_file():  # job 0 trains, holding its lock
+            assert live.poll() is None and time.monotonic() < deadline, "the first sweep did not start"
+            time.sleep(0.2)
+        before = {p: p.read_bytes() for p in [sweep / "multirun.yaml", *(sweep / "0" / ".hydra").iterdir()]}
+        second = [str(ROOT / "train.py"), "-m", "+debug=tiny", "model.n_head=4", f"hydra.sweep.dir={sweep}"]
+        done = run_cli(second, cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        [line] = [line for line in done.stderr.splitlines() if line.strip()]
+        assert line.startswith(f"error: hydra.sweep.dir={sweep} holds a live sweep ({sweep / '0'} is in use by a live")
+        assert line.endswith("; wait for it or give another")
+        assert {p: p.read_bytes() for p in before} == before
+    finally:
+        live.kill()
+        live.wait()
