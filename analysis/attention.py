@@ -11,7 +11,6 @@ from torch import Tensor
 
 from data.tokenizer import Tokenizer
 from model import GPT
-from model.attention import attention_weights, build_causal_mask
 
 
 @torch.no_grad()
@@ -27,12 +26,10 @@ def attention_maps(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     idx = idx[None].to(model.tok_emb.weight.device)  # (1, T)
     positions = torch.arange(T, device=idx.device)[None]  # (1, T)
     x, rotary = model.embed(idx, positions)  # (1, T, d_model), RoPE's (cos, sin) or None
-    mask = build_causal_mask(T, idx.device)
     maps = []
     for block in model.blocks:
-        q, k, _ = block.attn.project_qkv(block.ln_1(x), rotary)  # (1, H, T, d_k), k (1, H_kv, T, d_k)
-        maps.append(attention_weights(q, k, mask)[0])  # (H, T, T)
-        x = block(x, rotary=rotary)
+        maps.append(block.attn.weights(block.ln_1(x), rotary)[0])  # (H, T, T), with the layer's soft cap, sinks, window
+        x = block(x, rotary=rotary, tokens=idx)  # tokens: a value-embedding variant reads them
     logits = model.lm_head(model.ln_f(x))[0]  # (T, vocab)
     model.train(was_training)
     return torch.stack(maps), logits

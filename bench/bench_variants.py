@@ -39,6 +39,12 @@ VARIANTS = {  # name -> GPTConfig overrides (the README table's rows)
     "mqa (n_kv_head 1)": {"n_kv_head": 1},
     "qk_norm": {"qk_norm": True},
     "rope + gqa 2 + qk_norm": {"pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
+    "gated attention (headwise)": {"attn_gate": "headwise"},
+    "gated attention (elementwise)": {"attn_gate": "elementwise"},
+    "attention soft-cap 30": {"attn_softcap": 30.0},
+    "attention sinks": {"attn_sinks": True},
+    "sliding window SSSL": {"window_pattern": "SSSL", "window_size": 64},
+    "value embeddings": {"value_embeds": True},
 }
 
 

@@ -13,6 +13,19 @@ n_kv_head = 1), where groups of n_head / n_kv_head query heads share one key/val
 cache shrinks by that factor; QK-norm (RMSNorm of each query and key head before the dot product,
 as in OLMo 2 and Qwen3), which bounds the logits of the softmax; and RoPE (model/position.py),
 applied to queries and keys after the norm and before the cache, so cached keys are rotated once.
+
+And those of 2025-26, each one GPTConfig field, off by default (docs/variants.md):
+- gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models"): head h's output
+  times sigmoid(x W_gate), one gate per head or per channel, before W_O;
+- a soft cap on the scores, S = c tanh(S / c) before the mask (Gemma 2, Gemma Team 2024);
+- attention sinks: a learned logit per head in the softmax's denominator, with no value behind it
+  (gpt-oss, OpenAI 2025; Xiao et al. 2023 found heads making one of a key);
+- sliding windows per layer: an "SSSL" pattern of windowed (S) and full (L) layers (Gemma 2,
+  gpt-oss, nanochat); the cache keeps every key and the mask hides those before the window;
+- value embeddings (modded-nanogpt, nanochat): v + 2 sigmoid(x W_g) * ve[token], a second token
+  embedding per layer mixed into the values.
+The fused kernel cannot change the scores, so `sdpa` refuses the soft cap and sinks, and `auto`
+takes the materialized kernel (explicit under dropout) for them.
 """
 
 import math
@@ -23,7 +36,7 @@ from torch import Tensor, nn
 
 from model.config import GPTConfig
 from model.kv_cache import LayerCache
-from model.materialized_attention import causal_materialized_attention
+from model.materialized_attention import causal_materialized_attention, softmax_with_sink
 from model.position import apply_rotary
 
 # Up to this key length `auto` takes the materialized kernel on a CPU. bench/bench_attention.py
@@ -39,17 +52,22 @@ def build_causal_mask(sequence_length: int, device: torch.device | str | None = 
     return build_aligned_causal_mask(sequence_length, sequence_length, device)
 
 
-def build_aligned_causal_mask(query_length: int, key_length: int, device: torch.device | str | None = None) -> Tensor:
+def build_aligned_causal_mask(
+    query_length: int, key_length: int, device: torch.device | str | None = None, window: int | None = None
+) -> Tensor:
     """Boolean (1, 1, Tq, Tk) causal mask for queries that are the *last* Tq of Tk positions.
 
     This is the lower-right alignment cached decoding needs: query i sits at absolute position
     Tk - Tq + i and sees keys 0..Tk - Tq + i. (`F.scaled_dot_product_attention(is_causal=True)`
-    aligns upper-left instead, which is wrong whenever Tq < Tk.)
+    aligns upper-left instead, which is wrong whenever Tq < Tk.) With a sliding window it sees only
+    the last `window` of those, its own included: keys Tk - Tq + i - window + 1 .. Tk - Tq + i.
     """
     if query_length < 1 or key_length < query_length:
         raise ValueError(f"need 1 <= query_length <= key_length, got {query_length} and {key_length}")
     offset = key_length - query_length
     mask = torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(diagonal=offset)
+    if window is not None:
+        mask = mask.triu(diagonal=offset - window + 1)
     return mask.view(1, 1, query_length, key_length)
 
 
@@ -81,19 +99,30 @@ def open_blind_rows(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
     return attention_mask | ~has_visible, has_visible
 
 
-def attention_weights(query: Tensor, key: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    attention_mask: Tensor | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + mask), shape (B, H, Tq, Tk); rows with no visible key are zero.
 
-    key may have fewer heads than query (GQA); each then serves a group of query heads.
+    key may have fewer heads than query (GQA); each then serves a group of query heads. softcap c
+    replaces the scores S by c tanh(S / c) before the mask (Gemma 2), so none exceeds c in size.
+    sinks (H,): one more logit per head in every row's denominator, with no value behind it.
     """
     d_k = query.shape[-1]
     key = expand_kv_heads(key, query.shape[1])
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
-    if attention_mask is None:
-        return scores.softmax(dim=-1)
-    attention_mask, has_visible = open_blind_rows(attention_mask)
-    scores = scores.masked_fill(~attention_mask, float("-inf"))  # mask before softmax
-    return scores.softmax(dim=-1) * has_visible
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    has_visible = None
+    if attention_mask is not None:
+        attention_mask, has_visible = open_blind_rows(attention_mask)
+        scores = scores.masked_fill(~attention_mask, float("-inf"))  # mask before softmax
+    weights = scores.softmax(dim=-1) if sinks is None else softmax_with_sink(scores, sinks)[..., :-1]
+    return weights if has_visible is None else weights * has_visible
 
 
 def scaled_dot_product_attention(
@@ -102,13 +131,16 @@ def scaled_dot_product_attention(
     value: Tensor,
     attention_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + mask) V for query (B, H, Tq, D) and key/value (B, H_kv, Tk, D).
 
     `attention_mask` is boolean, True = visible, broadcastable to (B, H, Tq, Tk). H_kv divides H.
+    softcap and sinks change the scores as `attention_weights` says.
     """
     _check_shapes(query, key, value)
-    weights = attention_weights(query, key, attention_mask)
+    weights = attention_weights(query, key, attention_mask, softcap, sinks)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ expand_kv_heads(value, query.shape[1])  # (B, H, Tq, D)
@@ -143,21 +175,31 @@ class CausalSelfAttention(nn.Module):
 
     W_Q maps d_model -> n_head * d_k, W_K and W_V map d_model -> n_kv_head * d_k (the three fused
     into one matmul); W_O maps n_head * d_k -> d_model. n_kv_head = None means n_head (plain MHA).
+    `layer` (its index in the model) picks its sliding window from the config's window_pattern.
     """
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.kv_heads
         self.d_k = config.head_dim
         self.backend = config.attn_backend
         self.dropout = config.dropout
+        self.softcap = config.attn_softcap
+        self.window = config.layer_window(layer)  # keys a query sees (sliding window), or None: every earlier key
         q_dim, kv_dim = self.n_head * self.d_k, self.n_kv_head * self.d_k
         self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.bias)  # W_Q | W_K | W_V
         self.out_proj = nn.Linear(q_dim, config.d_model, bias=config.bias)  # W_O
+        gate_width = {"headwise": self.n_head, "elementwise": q_dim}.get(config.attn_gate)
+        self.gate_proj = nn.Linear(config.d_model, gate_width, bias=config.bias) if gate_width else None  # W_gate
         # One gain per channel of a head, shared by the heads (a head is a vector, the norm is over d_k).
         self.q_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
+        # Attention sinks: a learned logit per head in every softmax's denominator; 0 at init (GPT.reset_parameters).
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if config.attn_sinks else None
+        # Value embeddings: a (vocab, H_kv * d_k) table per layer, mixed into V by a gate per key/value head.
+        self.value_embed = nn.Embedding(config.vocab_size, kv_dim) if config.value_embeds else None
+        self.value_gate = nn.Linear(config.d_model, self.n_kv_head, bias=config.bias) if config.value_embeds else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def project_qkv(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,20 +221,33 @@ class CausalSelfAttention(nn.Module):
         padding_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         rotary: tuple[Tensor, Tensor] | None = None,
+        tokens: Tensor | None = None,
     ) -> Tensor:
         """x: (B, T, d_model); padding_mask: optional (B, Tk) bool over every key, True for real tokens.
 
         With a cache, this layer's new keys/values are stored in it and the queries attend over all
         keys so far (Tk = cached + T); without one, Tk = T. rotary: RoPE's (cos, sin) for the T new
-        positions, or None.
+        positions, or None. tokens: the (B, T) ids of x, which value embeddings look up.
         """
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x, rotary)  # (B, H, T, d_k), (B, H_kv, T, d_k)
+        if self.value_embed is not None:  # v + 2 sigmoid(x W_ve_gate) * ve: the gate starts near 1
+            assert tokens is not None, "value embeddings look up the token ids; pass tokens"
+            ve = self.value_embed(tokens).view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
+            gate = 2 * torch.sigmoid(self.value_gate(x)).transpose(1, 2)[..., None]  # (B, H_kv, T, 1)
+            v = v + (gate * ve).type_as(v)  # the table is float32 under bf16 autocast; keep v's dtype
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H_kv, Tk, d_k)
-        y = self.attend(q, k, v, padding_mask)
+        y = self.attend(q, k, v, padding_mask)  # (B, H, T, d_k)
+        if self.gate_proj is not None:  # Qiu et al. 2025: y_h * sigmoid(x W_gate), per head or per channel
+            y = y * torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
         return self.resid_dropout(self.out_proj(y))
+
+    def score_flops(self, context: int) -> int:
+        """Forward FLOPs of one query's QK^T and AV over `context` keys: 2 * context * H * d_k each.
+        Every query head attends, so GQA saves nothing here (only in the K, V projections)."""
+        return 2 * 2 * context * self.n_head * self.d_k
 
     def kernel(self, q: Tensor, key_length: int, dropout_p: float) -> str:
         """The path `attend` takes: the configured backend, or for "auto" the fastest correct one.
@@ -200,30 +255,50 @@ class CausalSelfAttention(nn.Module):
         That is the fused kernel, except in training (a backward will follow) over at most
         MATERIALIZED_MAX_KEYS keys on a CPU, where the materialized kernel is faster: most of its
         gain is in the backward. Inference, where small batches would pay its per-block overhead,
-        and attention dropout stay fused.
+        and attention dropout stay fused. A soft cap or sinks, which the fused kernel cannot
+        compute, take the materialized kernel (the explicit one under dropout).
         """
         if self.backend != "auto":
             return self.backend
+        if self.softcap is not None or self.sinks is not None:  # the fused kernel cannot change the scores
+            return "explicit" if dropout_p > 0.0 else "materialized"
         short_on_cpu = q.device.type == "cpu" and key_length <= MATERIALIZED_MAX_KEYS
         return "materialized" if short_on_cpu and q.requires_grad and dropout_p == 0.0 else "sdpa"
+
+    def mask(
+        self, query_length: int, key_length: int, padding_mask: Tensor | None = None, device: torch.device | None = None
+    ) -> Tensor:
+        """Which keys each query sees, (1 or B, 1, Tq, Tk): earlier ones, within the window, not padding.
+
+        The window counts slots, not positions: padding only ever comes first in a row (left-padded
+        prompts), so between a row's real tokens slots and positions advance together.
+        """
+        mask = build_aligned_causal_mask(query_length, key_length, device, self.window)
+        return mask if padding_mask is None else mask & padding_mask[:, None, None, :]
+
+    def weights(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """This layer's attention weights (B, H, T, T) for its input x (B, T, d_model), from the explicit
+        equation with every variant of the scores (soft cap, sinks, window): what each head reads."""
+        q, k, _ = self.project_qkv(x, rotary)
+        T = x.shape[1]
+        return attention_weights(q, k, self.mask(T, T, device=x.device), self.softcap, self.sinks)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""
         Tq, Tk = q.shape[-2], k.shape[-2]
         dropout_p = self.dropout if self.training else 0.0
         kernel = self.kernel(q, Tk, dropout_p)
-        if padding_mask is None and (Tq == 1 or kernel == "materialized"):
+        causal_only = padding_mask is None and (self.window is None or self.window >= Tk)  # a window binds if shorter
+        if causal_only and (Tq == 1 or kernel == "materialized"):
             # One query at the last position sees every key, and the materialized kernel is causal
             # by construction: neither needs a mask.
             mask = None
-        elif padding_mask is None and Tq == Tk and kernel == "sdpa":
+        elif causal_only and Tq == Tk and kernel == "sdpa":
             return fused_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # flash-eligible
         else:
-            mask = build_aligned_causal_mask(Tq, Tk, q.device)
-            if padding_mask is not None:
-                mask = mask & padding_mask[:, None, None, :]  # (B, 1, Tq, Tk)
+            mask = self.mask(Tq, Tk, padding_mask, q.device)
         if kernel == "explicit":
-            return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p, self.softcap, self.sinks)
         has_visible = None
         if padding_mask is not None:
             # A padding query may see no key at all, and some fused CUDA kernels return NaN for such a
@@ -232,7 +307,8 @@ class CausalSelfAttention(nn.Module):
             mask, has_visible = open_blind_rows(mask)
         if kernel == "materialized":
             n_head = q.shape[1]
-            y = causal_materialized_attention(q, expand_kv_heads(k, n_head), expand_kv_heads(v, n_head), mask)
+            k, v = expand_kv_heads(k, n_head), expand_kv_heads(v, n_head)
+            y = causal_materialized_attention(q, k, v, mask, self.softcap, self.sinks)
         else:
             y = fused_attention(q, k, v, mask, dropout_p=dropout_p)
         return y if has_visible is None else y * has_visible

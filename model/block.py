@@ -54,10 +54,10 @@ def build_norm(config: GPTConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = build_norm(config)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer)  # the layer picks its attention window
         self.ln_2 = build_norm(config)
         self.mlp = MLP(config)
 
@@ -67,6 +67,7 @@ class Block(nn.Module):
         padding_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         rotary: tuple[Tensor, Tensor] | None = None,
+        tokens: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), padding_mask, cache, rotary)
+        x = x + self.attn(self.ln_1(x), padding_mask, cache, rotary, tokens)  # tokens: for value embeddings
         return x + self.mlp(self.ln_2(x))

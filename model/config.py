@@ -16,6 +16,7 @@ BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: C
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/block.py
 NORMS = ("layernorm", "rmsnorm")
+ATTN_GATES = ("headwise", "elementwise")  # model/attention.py: CausalSelfAttention.gate_proj
 
 
 @dataclass
@@ -44,6 +45,20 @@ class GPTConfig:
     zero_init_proj: bool = False
     logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma 2); None: off
     z_loss: float = 0.0  # training adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
+    # Gated attention (Qiu et al. 2025): each head's output times sigmoid(x W_gate) before W_O, x the block's
+    # normed input; "headwise" (one gate per head) or "elementwise" (one per channel of a head). None: off.
+    attn_gate: str | None = None
+    attn_softcap: float | None = None  # attention scores = c * tanh(scores / c) before the mask (Gemma 2); None: off
+    # Attention sinks (gpt-oss): a learned logit per head added to every softmax's denominator, with no value
+    # behind it, so a head can attend to nothing; starts at 0.
+    attn_sinks: bool = False
+    # Sliding-window attention per layer (Gemma 2, gpt-oss, nanochat): "SSSL" gives layers 0-2 a window of
+    # window_size keys (S) and layer 3 the full context (L), the pattern repeated over the layers. None: all full.
+    window_pattern: str | None = None
+    window_size: int = 128  # keys an S layer's query sees, its own included
+    # Value embeddings (modded-nanogpt, nanochat): each layer's values get a second token embedding of their own,
+    # v + 2 sigmoid(x W_ve_gate) * ve[token], gated per key/value head from the block's normed input.
+    value_embeds: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -61,10 +76,11 @@ class GPTConfig:
             return self.d_ff
         return 8 * self.d_model // 3 if self.activation == "swiglu" else 4 * self.d_model
 
-    @property
-    def mlp_matrices(self) -> int:
-        """Weight matrices of d_model x ff_dim in one MLP: up and down, plus the gate for SwiGLU."""
-        return 3 if self.activation == "swiglu" else 2
+    def layer_window(self, layer: int) -> int | None:
+        """Keys a query of layer `layer` sees: window_size where window_pattern has an S, else None (all)."""
+        if self.window_pattern is None or self.window_pattern[layer % len(self.window_pattern)] == "L":
+            return None
+        return self.window_size
 
     def validate(self) -> None:
         """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
@@ -113,5 +129,26 @@ class GPTConfig:
             raise ValueError(
                 f"model.logit_softcap={self.logit_softcap} is invalid; it must be a finite number > 0 (or null for off)"
             )
+        if self.attn_gate is not None and self.attn_gate not in ATTN_GATES:
+            allowed = ", ".join(ATTN_GATES)
+            raise ValueError(f"model.attn_gate={self.attn_gate!r} is unknown; choose one of: {allowed} (or null: off)")
+        if self.attn_softcap is not None and not 0 < self.attn_softcap < math.inf:
+            raise ValueError(
+                f"model.attn_softcap={self.attn_softcap} is invalid; it must be a finite number > 0 (or null for off)"
+            )
+        if self.window_pattern is not None and not (self.window_pattern and set(self.window_pattern) <= {"S", "L"}):
+            raise ValueError(
+                f"model.window_pattern={self.window_pattern!r} is invalid; it must be letters S (window) and "
+                "L (full context), e.g. SSSL (or null for off)"
+            )
+        if self.window_size < 1:
+            raise ValueError(f"model.window_size={self.window_size} is invalid; it must be >= 1")
+        # PyTorch's fused kernel computes softmax(QK^T / sqrt(d_k) + mask) V and nothing else.
+        for name in ("attn_softcap", "attn_sinks"):
+            if getattr(self, name) not in (None, False) and self.attn_backend == "sdpa":
+                raise ValueError(
+                    f"model.{name}={getattr(self, name)} changes the attention scores, which "
+                    "model.attn_backend='sdpa' (the fused kernel) cannot; use explicit, materialized or auto"
+                )
         if not 0 <= self.z_loss < math.inf:
             raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be a finite number >= 0 (0 for off)")

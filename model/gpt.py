@@ -2,9 +2,10 @@
 Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks, tied LM head.
 
 The defaults are GPT-2's; the config (model/config.py) can swap the positions (sinusoidal, RoPE:
-model/position.py), share key/value heads (GQA/MQA) and normalise queries and keys
-(model/attention.py), change the MLP's activation (model/block.py) and the norm, untie the head,
-zero-init the residual projections, and soft-cap the logits or add a z-loss.
+model/position.py), share key/value heads (GQA/MQA), normalise queries and keys and add the attention
+variants of 2025-26 (gates, soft-capped scores, sinks, sliding windows, value embeddings:
+model/attention.py, docs/variants.md), change the MLP's activation (model/block.py) and the norm,
+untie the head, zero-init the residual projections, and soft-cap the logits or add a z-loss.
 """
 
 import math
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.attention import CausalSelfAttention
 from model.block import Block, build_norm
 from model.config import GPTConfig
 from model.kv_cache import KVCache, token_positions
@@ -39,7 +41,7 @@ class GPT(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.head_dim, config.rope_base)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -50,10 +52,11 @@ class GPT(nn.Module):
         """All of the model's initialisation, in one place (GPT-2's, plus the zero-init knob).
 
         Linear and embedding weights ~ N(0, 0.02), biases 0, norm gains 1 and LayerNorm biases 0,
-        the RMSNorm gains of QK-norm 1 (so it starts as a pure normalisation). An untied LM head is
-        a Linear like the others. The two projections that write into the residual stream
-        (attention W_O, MLP down) get std 0.02 / sqrt(2 * n_layer): each block adds two such terms,
-        so this keeps the variance of the residual stream from growing with depth. With
+        the RMSNorm gains of QK-norm 1 (so it starts as a pure normalisation), attention sink logits
+        0 (as one more key that scores 0). An untied LM head is a Linear like the others, and so are
+        the gates of gated attention and value embeddings. The two projections that write into the
+        residual stream (attention W_O, MLP down) get std 0.02 / sqrt(2 * n_layer): each block adds
+        two such terms, so this keeps the variance of the residual stream from growing with depth. With
         zero_init_proj they start at 0 instead: each block is then the identity at step 0 and
         its first update moves only the projection, a gentler start that short runs can afford.
         """
@@ -72,6 +75,8 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 module.reset_parameters()
+            elif isinstance(module, CausalSelfAttention) and module.sinks is not None:
+                nn.init.zeros_(module.sinks)
 
     def forward(
         self,
@@ -104,7 +109,7 @@ class GPT(nn.Module):
             layer_caches = cache.layers
         x, rotary = self.embed(idx, positions)  # (B, T, d_model)
         for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
-            x = block(x, padding_mask, layer_cache, rotary)
+            x = block(x, padding_mask, layer_cache, rotary, idx)
         if last_only:
             assert targets is None, "last_only is for sampling; a loss needs every position"
             x = x[:, -1:]
@@ -155,27 +160,25 @@ class GPT(nn.Module):
         return KVCache(c.n_layer, batch_size, c.kv_heads, max_length, c.head_dim, weight.device, weight.dtype)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Parameter count (the tied head counted once); optionally without the embedding tables."""
+        """Parameter count (the tied head counted once); optionally without the embedding tables (token,
+        learned position, value embeddings: every nn.Embedding, so a new table is left out too)."""
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            n -= sum(p.numel() for p in self.tok_emb.parameters())
-            n -= sum(p.numel() for p in self.pos_emb.parameters()) if self.pos_emb is not None else 0
+            n -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
 
-        Per layer, forward: 2 * d_model * (H + 2 H_kv) d_k for Q, K, V; 2 * (H d_k) * d_model for
-        W_O; 2 * m * d_model * d_ff for the MLP's m matrices (2; SwiGLU 3); and 2 * 2 * T * H * d_k
-        for QK^T and AV over a context of T (every query head still attends, so GQA saves only on the K, V projections).
-        Plus 2 * d_model * vocab for the LM head. This uses H * d_k, not d_model, so it stays right
-        when d_k != d_model / n_head. Attention counts the full T x T like the PaLM paper's MFU,
-        although a causal kernel may skip the masked half. Norms and RoPE are not matmuls.
+        Derived from the modules, so a variant's new Linear is counted without anyone listing it:
+        forward = 2 * in * out for every nn.Linear (each runs once per token: Q|K|V, W_O, a gate, the
+        MLP's matrices, the LM head), plus each attention layer's QK^T and AV over a context of T
+        (`CausalSelfAttention.score_flops`). Attention counts the full T x T like the PaLM paper's
+        MFU, although a causal kernel may skip the masked half. Norms, RoPE, softmax and embedding
+        lookups are not matmuls. tests/unit/test_flops.py holds this to torch's FLOP counter for
+        every variant.
         """
-        c = self.config
-        T = seq_len or c.block_size
-        hd = c.n_head * c.head_dim
-        qkv = (c.n_head + 2 * c.kv_heads) * c.head_dim
-        per_layer = 2 * c.d_model * qkv + 2 * hd * c.d_model + 2 * c.mlp_matrices * c.d_model * c.ff_dim + 4 * T * hd
-        forward = c.n_layer * per_layer + 2 * c.d_model * c.vocab_size
-        return 3 * forward
+        T = seq_len or self.config.block_size
+        linears = sum(2 * m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        attention = sum(m.score_flops(T) for m in self.modules() if isinstance(m, CausalSelfAttention))
+        return 3 * (linears + attention)

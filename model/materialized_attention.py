@@ -12,13 +12,27 @@ scores and pass over each again; by hand, the backward needs only the saved prob
 With O = P V and P = softmax(S):
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
     dQ = dS K / sqrt(d_k),   dK = dS^T Q / sqrt(d_k).
-Masked entries have P = 0, so their dS is 0 without another pass over the mask.
+Masked entries have P = 0, so their dS is 0 without another pass over the mask. Two variants of
+the scores: a soft cap S = c tanh(S' / c) (Gemma 2) multiplies dS by 1 - tanh^2 (the tanh is
+saved); a sink logit s per head (gpt-oss) joins the softmax with no value behind it, so dP_sink = 0,
+dS keeps its form and ds = -sum P_sink * rowsum(dP * P) (P_sink is saved).
 """
 
 import torch
 from torch import Tensor
 
 QUERY_BLOCK = 64  # smaller blocks skip more of the upper triangle but run the matmuls less efficiently
+
+
+def softmax_with_sink(scores: Tensor, sinks: Tensor) -> Tensor:
+    """softmax over the keys and one more logit per head, the sink: (B, H, Tq, Tk) -> (B, H, Tq, Tk + 1).
+
+    No value stands behind the sink (the last column), so callers drop its share: the rows of the
+    weights then sum to 1 - P_sink, and a head that finds nothing worth reading can put its weight
+    there (attention sinks as gpt-oss learns them, one logit per head).
+    """
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], dim=-1).softmax(dim=-1)
 
 
 def _query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, int]]:
@@ -33,7 +47,9 @@ def _query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, in
 
 class _CausalMaterializedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, hidden: Tensor) -> Tensor:
+    def forward(
+        ctx, query: Tensor, key: Tensor, value: Tensor, hidden: Tensor, softcap: float | None, sinks: Tensor | None
+    ) -> Tensor:
         Tq = query.shape[-2]
         # Work in the inputs' dtype: under autocast, softmax would otherwise come back in float32.
         with torch.autocast(query.device.type, enabled=False):
@@ -41,30 +57,49 @@ class _CausalMaterializedAttention(torch.autograd.Function):
             # Heads split off a fused projection are strided views; the batched matmuls would copy
             # them once per block.
             key, value = key.contiguous(), value.contiguous()
-            probs, outs = [], []
+            probs, tanhs, sink_probs, outs = [], [], [], []
             for start, stop, keys in _query_blocks(Tq, key.shape[-2]):
                 scores = scaled_query[:, :, start:stop] @ key[:, :, :keys].transpose(-2, -1)  # (B, H, block, keys)
+                if softcap is not None:  # S = c tanh(S / c); the backward needs the tanh
+                    tanhs.append(torch.tanh(scores / softcap))
+                    scores = softcap * tanhs[-1]
                 scores.masked_fill_(hidden[..., start:stop, :keys], float("-inf"))  # mask before softmax
-                probs.append(scores.softmax(dim=-1))
+                if sinks is None:
+                    probs.append(scores.softmax(dim=-1))
+                else:  # the sink's share of each row is kept for its gradient
+                    with_sink = softmax_with_sink(scores, sinks)
+                    probs.append(with_sink[..., :-1].contiguous())
+                    sink_probs.append(with_sink[..., -1:].contiguous())
                 outs.append(probs[-1] @ value[:, :, :keys])
-        ctx.save_for_backward(scaled_query, key, value, *probs)
+        ctx.blocks, ctx.softcap, ctx.sinks = len(probs), softcap is not None, sinks is not None
+        ctx.save_for_backward(scaled_query, key, value, *probs, *tanhs, *sink_probs)
         return torch.cat(outs, dim=-2)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        scaled_query, key, value, *probs = ctx.saved_tensors
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, Tensor | None]:
+        scaled_query, key, value, *saved = ctx.saved_tensors
+        n, none = ctx.blocks, [None] * ctx.blocks
+        probs, saved = saved[:n], saved[n:]
+        tanhs, saved = (saved[:n], saved[n:]) if ctx.softcap else (none, saved)
+        sink_probs = saved if ctx.sinks else none
         grad_out = grad_out.to(value.dtype).contiguous()
         blocks = _query_blocks(scaled_query.shape[-2], key.shape[-2])
         # Key and value gradients sum over the query blocks, in float32 at least. The last block
         # sees every key, so going backwards its share starts the sums: no zero fill, no sum at all
         # for a single block.
         accumulate = key.dtype if len(blocks) == 1 else torch.promote_types(key.dtype, torch.float32)
-        grad_queries, grad_key, grad_value = [], None, None
-        for (start, stop, keys), p in zip(reversed(blocks), reversed(probs), strict=True):
+        grad_queries, grad_key, grad_value, grad_sinks = [], None, None, 0.0
+        steps = zip(reversed(blocks), reversed(probs), reversed(tanhs), reversed(sink_probs), strict=True)
+        for (start, stop, keys), p, t, sink_p in steps:
             grad_block = grad_out[:, :, start:stop]
             value_share = p.transpose(-2, -1) @ grad_block
             grad_probs = grad_block @ value[:, :, :keys].transpose(-2, -1)
             grad_scores = torch._softmax_backward_data(grad_probs, p, -1, p.dtype)  # P * (dP - rowsum(dP P))
+            if sink_p is not None:  # the sink has no value, so its dP is 0: d sink = P_sink * (0 - rowsum(dP P))
+                rowsum = (grad_probs * p).sum(-1, keepdim=True, dtype=torch.promote_types(p.dtype, torch.float32))
+                grad_sinks = grad_sinks - (sink_p * rowsum).sum((0, 2, 3))
+            if t is not None:  # through the soft cap: d(c tanh(s / c))/ds = 1 - tanh^2
+                grad_scores = grad_scores * (1 - t.square())
             grad_queries.append(grad_scores @ key[:, :, :keys])
             key_share = grad_scores.transpose(-2, -1) @ scaled_query[:, :, start:stop]
             if grad_key is None:
@@ -73,18 +108,26 @@ class _CausalMaterializedAttention(torch.autograd.Function):
                 grad_key[:, :, :keys] += key_share
                 grad_value[:, :, :keys] += value_share
         grad_query = torch.cat(grad_queries[::-1], dim=-2).mul_(key.shape[-1] ** -0.5)
-        return grad_query, grad_key.to(key.dtype), grad_value.to(value.dtype), None
+        grad_sinks = grad_sinks.to(key.dtype) if ctx.sinks else None
+        return grad_query, grad_key.to(key.dtype), grad_value.to(value.dtype), None, None, grad_sinks
 
 
 def causal_materialized_attention(
-    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Causal softmax(QK^T / sqrt(d_k) + mask) V; query (B, H, Tq, D), key/value (B, H, Tk, D), one dtype.
 
     The queries are the last Tq of Tk positions (lower-right alignment, as for cached decoding), and
     none sees a key after its own position. `attention_mask` (boolean, True = visible, broadcastable
-    to (B, H, Tq, Tk)) can narrow that further, e.g. to hide padding, but every row must keep at
-    least one visible key (`model.attention.open_blind_rows`). No dropout: callers that need it
+    to (B, H, Tq, Tk)) can narrow that further, e.g. to hide padding or keep a sliding window, but
+    every row must keep at least one visible key (`model.attention.open_blind_rows`). `softcap` c
+    replaces the scores S by c tanh(S / c) before the mask (Gemma 2); `sinks` (H,) adds one logit per
+    head to every softmax's denominator (`softmax_with_sink`). No dropout: callers that need it
     take another path.
     """
     if not query.dtype == key.dtype == value.dtype:
@@ -95,4 +138,5 @@ def causal_materialized_attention(
     visible = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(diagonal=Tk - Tq)
     if attention_mask is not None:
         visible = visible & attention_mask
-    return _CausalMaterializedAttention.apply(query, key, value, ~visible)
+    sinks = sinks.to(query.dtype) if sinks is not None else None
+    return _CausalMaterializedAttention.apply(query, key, value, ~visible, softcap, sinks)

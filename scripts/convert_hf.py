@@ -18,12 +18,13 @@ wrote), never a directory holding the checkpoint being exported, nor an imported
 A problem the user can fix exits non-zero with one line `error: ...`, touching nothing.
 """
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,6 +144,20 @@ def gpt2_ranks(tokenizer_meta: dict, cache_dir: str) -> dict[bytes, int] | None:
     return tokenizer_from_meta(tokenizer_meta, cache_dir).encoding._mergeable_ranks
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No "Writing model shards" bar above the one line the export ends with (or its error)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool = False) -> Path:
     """Our checkpoint (or run directory) -> a GPT2LMHeadModel directory with its tokenizer."""
     out_dir = Path(out_dir)
@@ -161,7 +176,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, force: bool =
     staged = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         staged.parent.mkdir(parents=True, exist_ok=True)
-        hf.save_pretrained(staged)
+        with quiet_transformers():
+            hf.save_pretrained(staged)
         save_hf_tokenizer(tokenizer_meta, staged, ranks)
         written = sorted(p.name for p in staged.iterdir())
         marker = {"source": str(source.resolve()), "step": ckpt.meta.get("step"), "files": written}

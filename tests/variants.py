@@ -2,6 +2,9 @@
 
 Each is a set of GPTConfig overrides; a test parametrises over `VARIANTS` (or `variant_cases`) and
 builds its model with them, so no-leak, cached-vs-uncached and explicit-vs-sdpa run on every one.
+A backend that cannot compute a variant refuses it (GPTConfig.validate); `variant_cases` and
+`backend_variants` derive from that refusal which pairs to run, and tests/unit/test_variants.py
+checks that each refusal names the backends that can.
 """
 
 import pytest
@@ -17,18 +20,51 @@ VARIANTS: dict[str, dict] = {
     "mqa": {"n_kv_head": 1},
     "qk_norm": {"qk_norm": True},
     "rope_gqa_qk_norm": {"pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},  # Llama/Qwen-like
+    "gate_headwise": {"attn_gate": "headwise"},
+    "gate_elementwise": {"attn_gate": "elementwise"},
+    "softcap": {"attn_softcap": 2.0},  # low, so that the cap binds at the tests' scores
+    "sinks": {"attn_sinks": True},
+    "window": {"window_pattern": "SL", "window_size": 4},  # layer 0 sees 4 keys, layer 1 all of them
+    "value_embeds": {"value_embeds": True, "n_kv_head": 2},
 }
+
+BACKENDS = ("explicit", "sdpa", "materialized")
 
 # The head shape the non-default variants run at: 6 heads (groups of 3 with n_kv_head 2), d_k 10,
 # which is even (RoPE) and != d_model 48 / n_head, so the independent-d_k paths are covered too.
 VARIANT_HEADS = (6, 10)
 
 
-def variant_cases(head_grid: list[tuple[int, int | None]]) -> list:
-    """pytest params (variant, n_head, d_k): GPT-2 over the whole head grid, the others at VARIANT_HEADS."""
-    cases = [pytest.param("learned", n_head, d_k, id=f"learned-{n_head}-{d_k}") for n_head, d_k in head_grid]
-    cases += [pytest.param(name, *VARIANT_HEADS, id=name) for name in VARIANTS if name != "learned"]
-    return cases
+def refusal(backend: str, variant: str) -> str | None:
+    """The one-line message with which `backend` refuses `variant`, or None where it computes it."""
+    n_head, d_k = VARIANT_HEADS
+    try:
+        GPTConfig(n_head=n_head, d_model=48, d_k=d_k, attn_backend=backend, **VARIANTS[variant]).validate()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def backend_variants(backends: tuple[str, ...] = BACKENDS) -> list:
+    """pytest params (backend, variant) for every variant on every backend that computes it."""
+    pairs = [(b, v) for b in backends for v in VARIANTS if refusal(b, v) is None]
+    return [pytest.param(b, v, id=f"{b}-{v}") for b, v in pairs]
+
+
+def variant_cases(head_grid: list[tuple[int, int | None]], backends: tuple[str, ...] | None = None) -> list:
+    """pytest params (variant, n_head, d_k): GPT-2 over the whole head grid, the others at VARIANT_HEADS.
+    With `backends`: (backend, variant, n_head, d_k) for each backend that computes the variant."""
+    cases = [("learned", n_head, d_k) for n_head, d_k in head_grid]
+    cases += [(name, *VARIANT_HEADS) for name in VARIANTS if name != "learned"]
+    ids = [name if name != "learned" else f"learned-{n_head}-{d_k}" for name, n_head, d_k in cases]
+    if backends is None:
+        return [pytest.param(*case, id=i) for case, i in zip(cases, ids, strict=True)]
+    return [
+        pytest.param(b, *case, id=f"{b}-{i}")
+        for b in backends
+        for case, i in zip(cases, ids, strict=True)
+        if refusal(b, case[0]) is None
+    ]
 
 
 def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, vocab_size: int, block_size: int) -> GPT:

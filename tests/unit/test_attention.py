@@ -18,6 +18,7 @@ from model.attention import (
 )
 from model.config import GPTConfig
 from model.materialized_attention import causal_materialized_attention
+from tests.variants import VARIANT_HEADS, backend_variants, variant_model
 
 
 def qkv(B=2, H=3, Tq=5, Tk=5, D=8, seed=0, H_kv=None):
@@ -55,6 +56,14 @@ def test_aligned_mask_is_lower_right_unlike_is_causal():
     assert torch.allclose(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
 
 
+def test_sliding_window_mask_keeps_the_last_window_keys_of_each_query():
+    # 2 queries that are positions 3 and 4 of 5 keys, a window of 2: keys 2-3 and 3-4.
+    mask = build_aligned_causal_mask(2, 5, window=2)
+    assert torch.equal(mask[0, 0], torch.tensor([[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool))
+    assert torch.equal(build_aligned_causal_mask(4, 4, window=4), build_causal_mask(4))  # a window as long as all
+    assert torch.equal(build_aligned_causal_mask(3, 3, window=1)[0, 0], torch.eye(3, dtype=torch.bool))
+
+
 def test_matches_the_equation():
     q, k, v = qkv()
     mask = build_causal_mask(5)
@@ -62,6 +71,31 @@ def test_matches_the_equation():
     scores = scores + torch.where(mask, 0.0, float("-inf"))
     expected = torch.softmax(scores, dim=-1) @ v
     torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask), expected)
+
+
+def test_softcap_caps_the_scores_before_the_mask():
+    q, k, v = qkv()
+    q = q * 4  # scores of several units, beyond the cap
+    mask = build_causal_mask(5)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    capped = 2.0 * torch.tanh(scores / 2.0)
+    expected = torch.softmax(capped + torch.where(mask, 0.0, float("-inf")), dim=-1) @ v
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask, softcap=2.0), expected)
+    assert scores.abs().max() > 4 and capped.abs().max() < 2  # the cap did bind
+    assert not torch.allclose(scaled_dot_product_attention(q, k, v, mask), expected, atol=1e-3)
+
+
+def test_a_sink_is_one_more_logit_in_the_denominator_with_no_value_behind_it():
+    q, k, v = qkv()
+    mask = build_causal_mask(5)
+    sinks = torch.tensor([0.0, 1.0, 30.0])  # per head; the third drowns every key
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + torch.where(mask, 0.0, float("-inf"))
+    exp = scores.exp()
+    expected = exp / (exp.sum(-1, keepdim=True) + sinks.exp().view(1, 3, 1, 1))
+    weights = attention_weights(q, k, mask, sinks=sinks)
+    torch.testing.assert_close(weights, expected)
+    assert (weights.sum(-1) < 1).all() and weights[:, 2].sum(-1).max() < 1e-6  # the third head reads nothing
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask, sinks=sinks), expected @ v)
 
 
 def test_shape_contract():
@@ -181,3 +215,52 @@ def test_query_heads_must_be_a_multiple_of_key_value_heads():
 def test_module_rejects_unknown_backend():
     with pytest.raises(ValueError, match="'flash' is unknown; choose one of: auto, explicit, sdpa, materialized"):
         GPTConfig(d_model=32, n_head=4, attn_backend="flash").validate()
+
+
+@pytest.mark.parametrize("backend,variant", backend_variants(("sdpa", "materialized")))
+def test_every_variant_computes_the_same_on_every_backend_that_takes_it(backend, variant):
+    """Logits and every parameter's gradient, in training and with padding: equal to the explicit equation."""
+    explicit = variant_model("explicit", *VARIANT_HEADS, variant, vocab_size=50, block_size=16).train()
+    with torch.no_grad():  # wider than GPT-2's init, so large scores reach a soft cap and sinks matter
+        for p in (p for p in explicit.parameters() if p.dim() > 1):
+            p.normal_(0.0, 0.15, generator=torch.Generator().manual_seed(p.numel()))
+    other = variant_model(backend, *VARIANT_HEADS, variant, vocab_size=50, block_size=16).train()
+    other.load_state_dict(explicit.state_dict())
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    for model in (explicit, other):
+        model(idx, idx)[1].backward()
+    torch.testing.assert_close(other(idx)[0], explicit(idx)[0], atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(explicit.named_parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    pad = torch.ones(2, 16, dtype=torch.bool)
+    pad[1, :5] = False
+    with torch.no_grad():
+        got, want = other.eval()(idx, padding_mask=pad)[0], explicit.eval()(idx, padding_mask=pad)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_padding", [False, True])
+@pytest.mark.parametrize("softcap,sinks", [(None, False), (2.0, False), (None, True), (2.0, True)])
+def test_materialized_kernel_equals_the_equation_for_each_score_variant(softcap, sinks, with_padding):
+    """Values and the hand-written gradients (float64, several query blocks: tests/conftest.py)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (3 * torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (6, 13, 13))
+    mask = build_aligned_causal_mask(6, 13)
+    if with_padding:
+        mask = mask & (torch.arange(13) >= torch.tensor([[0], [4]]))[:, None, None, :]  # left padding
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    options = {"softcap": softcap}
+    if sinks:  # as an input, so that its gradient is compared and checked too
+        inputs.append(torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64, requires_grad=True))
+        options = {"softcap": softcap, "sinks": inputs[-1]}
+    want = scaled_dot_product_attention(q, k, v, mask, **options)
+    got = causal_materialized_attention(q, k, v, mask, **options)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    grad = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+    def materialized(q, k, v, *sink):
+        return causal_materialized_attention(q, k, v, mask, softcap, *sink)
+
+    assert torch.autograd.gradcheck(materialized, inputs)

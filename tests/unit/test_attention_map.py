@@ -15,7 +15,7 @@ from data.tokenizer import BPETokenizer, CharTokenizer
 from model import GPT, GPTConfig
 from rundir.checkpoint import save_checkpoint
 from scripts.attention_map import write_attention_map
-from tests.variants import VARIANT_HEADS, VARIANTS
+from tests.variants import VARIANT_HEADS, VARIANTS, backend_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB, T = 40, 12
@@ -54,8 +54,7 @@ def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, 
     assert maps[:, :, 0, 0].eq(1).all()  # the first token can only attend to itself
 
 
-@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("backend", "variant"), backend_variants())
 def test_the_walk_through_the_blocks_is_the_model(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, **VARIANTS[variant])
     idx = random_ids(1)

@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from model import GPT
-from model.attention import attention_weights, build_causal_mask
 from model.kv_cache import token_positions
-from tests.variants import variant_cases, variant_model
+from tests.variants import BACKENDS, variant_cases, variant_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -15,6 +14,7 @@ VOCAB, T = 50, 16
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24), (2, 5)]
 CASES = variant_cases(HEAD_GRID)
+BACKEND_CASES = variant_cases(HEAD_GRID, BACKENDS)  # each variant on every backend that computes it
 
 
 def make_model(backend: str, n_head: int, d_k: int | None, variant: str = "learned") -> GPT:
@@ -30,8 +30,7 @@ def logits_through_cache(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("through_cache", [False, True])
-@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
-@pytest.mark.parametrize("variant,n_head,d_k", CASES)
+@pytest.mark.parametrize("backend,variant,n_head,d_k", BACKEND_CASES)
 def test_changing_a_future_token_leaves_the_past_unchanged(backend, variant, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k, variant)
     run = (lambda idx: logits_through_cache(model, idx)) if through_cache else (lambda idx: model(idx)[0])
@@ -48,8 +47,7 @@ def test_changing_a_future_token_leaves_the_past_unchanged(backend, variant, n_h
 
 
 @pytest.mark.parametrize("through_cache", [False, True])
-@pytest.mark.parametrize("backend", ["explicit", "sdpa", "materialized"])
-@pytest.mark.parametrize("variant,n_head,d_k", CASES)
+@pytest.mark.parametrize("backend,variant,n_head,d_k", BACKEND_CASES)
 def test_gradient_from_the_future_is_exactly_zero(backend, variant, n_head, d_k, through_cache):
     model = make_model(backend, n_head, d_k, variant)
     captured = {}
@@ -72,12 +70,17 @@ def test_gradient_from_the_future_is_exactly_zero(backend, variant, n_head, d_k,
 @pytest.mark.parametrize("variant,n_head,d_k", CASES)
 def test_model_attention_weights_are_causal_distributions(variant, n_head, d_k):
     model = make_model("explicit", n_head, d_k, variant)
-    x, rotary = model.embed(torch.randint(0, VOCAB, (2, T)), token_positions(T))
-    for block in model.blocks:
-        q, k, _ = block.attn.project_qkv(block.ln_1(x), rotary)
-        w = attention_weights(q, k, build_causal_mask(T))  # (B, H, T, T)
+    idx = torch.randint(0, VOCAB, (2, T))
+    x, rotary = model.embed(idx, token_positions(T))
+    for layer, block in enumerate(model.blocks):
+        w = block.attn.weights(block.ln_1(x), rotary)  # (B, H, T, T), every variant of the scores applied
         assert w.shape == (2, n_head, T, T)
-        above = torch.ones(T, T, dtype=torch.bool).triu(1)
-        assert (w[..., above] == 0).all()
-        torch.testing.assert_close(w.sum(-1), torch.ones(2, n_head, T))
-        x = block(x, rotary=rotary)
+        window = model.config.layer_window(layer) or T
+        seen = w[0, 0] > 0
+        assert not seen.triu(1).any(), "a query saw a later key"
+        assert torch.equal(seen.sum(-1), torch.arange(1, T + 1).clamp(max=window)), "not the last `window` keys"
+        if model.config.attn_sinks:  # the sink takes a share of every row
+            assert (w.sum(-1) < 1).all()
+        else:
+            torch.testing.assert_close(w.sum(-1), torch.ones(2, n_head, T))
+        x = block(x, rotary=rotary, tokens=idx)

@@ -40,8 +40,8 @@ def test_export_refuses_a_parameter_gpt2_has_no_tensor_for(tmp_path, capsys, mon
     # exported silently: the gate was dropped and the GPT-2 model's logits differed from ours.
     init, forward = CausalSelfAttention.__init__, CausalSelfAttention.forward
 
-    def gated_init(self, config: GPTConfig) -> None:
-        init(self, config)
+    def gated_init(self, config: GPTConfig, *args, **kwargs) -> None:
+        init(self, config, *args, **kwargs)
         self.gate = nn.Linear(config.d_model, config.d_model)
 
     def gated_forward(self, x, *args, **kwargs):

@@ -7,13 +7,14 @@ import torch
 from generation.generate import SamplingParams, generate, pad_prompts
 from model import GPT
 from model.kv_cache import KVCache, token_positions
-from tests.variants import VARIANT_HEADS, VARIANTS, variant_cases, variant_model
+from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, backend_variants, variant_cases, variant_model
 
 VOCAB = 64
-BACKENDS = ["explicit", "sdpa", "materialized"]
 # (n_head, d_k) over d_model 48, including d_k != d_model / n_head.
 HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
 ALL_VARIANTS = pytest.mark.parametrize("variant", list(VARIANTS))
+# Each variant on every backend that computes it (a backend that cannot refuses: tests/variants.py).
+ON_EVERY_BACKEND = pytest.mark.parametrize("backend,variant", backend_variants())
 # GPT-2 runs the long checks (200+ positions); the variants share its code paths for length and run
 # shorter ones, which keeps this module at seconds.
 LONG, SHORT = 210, 60
@@ -39,8 +40,7 @@ def prompt(B: int, T: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("variant,n_head,d_k", variant_cases(HEAD_GRID))
+@pytest.mark.parametrize("backend,variant,n_head,d_k", variant_cases(HEAD_GRID, BACKENDS))
 def test_cached_logits_equal_recomputed_logits_at_every_step(backend, variant, n_head, d_k):
     model = make_model(backend, n_head, d_k, variant=variant)
     steps = LONG if variant == "learned" else SHORT
@@ -61,8 +61,7 @@ def test_cached_logits_equal_recomputed_logits_at_every_step(backend, variant, n
     assert len(set(tokens[0, 6:].tolist())) > min(VOCAB, steps) // 3, "the test should cover many different tokens"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@ALL_VARIANTS
+@ON_EVERY_BACKEND
 def test_generate_cached_equals_uncached_for_greedy_tokens(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     idx = prompt(2, 5)
@@ -73,8 +72,7 @@ def test_generate_cached_equals_uncached_for_greedy_tokens(backend, variant):
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@ALL_VARIANTS
+@ON_EVERY_BACKEND
 def test_chunked_prefill_equals_one_shot_prefill(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     tokens = prompt(2, 30)
@@ -92,9 +90,8 @@ def test_chunked_prefill_equals_one_shot_prefill(backend, variant):
         torch.testing.assert_close(a.values[:, :, :30], b.values[:, :, :30], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("use_cache", [True, False])
-@ALL_VARIANTS
+@ON_EVERY_BACKEND
 def test_padded_batch_equals_each_prompt_alone(backend, use_cache, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (3, 11, 6)]
@@ -112,8 +109,7 @@ def test_padded_batch_equals_each_prompt_alone(backend, use_cache, variant):
         assert torch.equal(batched[row, -40:], alone[0, -40:]), f"prompt {row} changed by batching"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@ALL_VARIANTS
+@ON_EVERY_BACKEND
 def test_padded_prefill_logits_equal_each_prompt_alone(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (2, 9)]
@@ -128,7 +124,7 @@ def test_padded_prefill_logits_equal_each_prompt_alone(backend, variant):
 @pytest.mark.parametrize("use_cache", [True, False])
 @ALL_VARIANTS
 def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache, variant):
-    model = make_model("sdpa", *VARIANT_HEADS, block_size=16, variant=variant)
+    model = make_model("auto", *VARIANT_HEADS, block_size=16, variant=variant)
     idx = prompt(1, 5)
     out = generate(model, idx, SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None))
     assert out.shape == (1, 45)

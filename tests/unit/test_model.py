@@ -118,6 +118,13 @@ def test_flops_per_token_matches_hand_computation(n_head, d_k, n_kv_head):
         ({"n_kv_head": 0}, r"model.n_kv_head=0 is invalid; it must be >= 1"),
         ({"n_head": 8, "n_kv_head": 3}, r"model.n_kv_head \(3\) must divide model.n_head \(8\)"),
         ({"n_head": 2, "n_kv_head": 4}, r"model.n_kv_head \(4\) must divide model.n_head \(2\)"),
+        ({"attn_gate": "channel"}, r"model.attn_gate='channel' is unknown; choose one of: headwise, elementwise"),
+        ({"attn_softcap": 0.0}, r"model.attn_softcap=0.0 is invalid; it must be a finite number > 0"),
+        ({"attn_softcap": 30.0, "attn_backend": "sdpa"}, r"attn_backend='sdpa' .* use explicit, materialized or auto"),
+        ({"attn_sinks": True, "attn_backend": "sdpa"}, r"model.attn_sinks=True changes the attention scores"),
+        ({"window_pattern": "SXL"}, r"model.window_pattern='SXL' is invalid; it must be letters S .* and L"),
+        ({"window_pattern": ""}, r"model.window_pattern='' is invalid"),
+        ({"window_pattern": "SL", "window_size": 0}, r"model.window_size=0 is invalid; it must be >= 1"),
     ],
 )
 def test_invalid_config_is_refused_with_a_message(overrides, message):

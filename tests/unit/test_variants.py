@@ -11,10 +11,12 @@ from analysis.trained import load_model
 from cli.config import to_train_config
 from generation.generate import SamplingParams, generate
 from model import GPT, GPTConfig
+from model.attention import CausalSelfAttention
+from model.kv_cache import token_positions
 from model.position import SinusoidalPositions
 from rundir.checkpoint import save_checkpoint
 from tests.helpers import compose_config
-from tests.variants import VARIANT_HEADS, VARIANTS
+from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, refusal
 from training.setup import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -144,7 +146,12 @@ def test_bf16_autocast_and_bf16_weights_run_every_variant(variant):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, bf16_loss = model(idx, idx)
         assert bf16_loss.item() == pytest.approx(fp32_loss.item(), abs=0.05)
-        model.to(torch.bfloat16)  # the KV cache takes the weights' dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a training step: auto takes the materialized kernel
+        _, train_loss = model.train()(idx, idx)
+    train_loss.backward()
+    assert train_loss.item() == pytest.approx(fp32_loss.item(), abs=0.05)
+    with torch.no_grad():
+        model.eval().to(torch.bfloat16)  # the KV cache takes the weights' dtype
         out = generate(model, idx[:, :4], SamplingParams(8, temperature=0, top_k=None, seed=None))
     assert out.shape == (2, 12) and model.new_cache(1).layers[0].keys.dtype == torch.bfloat16
 
@@ -171,3 +178,113 @@ def test_variant_model_config_trains_and_its_checkpoint_reloads(tiny_run_overrid
     model, ckpt = load_model(tmp_path / "run" / "checkpoints" / "best.safetensors")
     assert model.config.pos_encoding == "rope" and model.blocks[0].attn.n_kv_head == 2
     assert ckpt.meta["config"]["model"]["qk_norm"] is True
+
+
+@pytest.mark.parametrize("backend,variant", [(b, v) for b in BACKENDS for v in VARIANTS])
+def test_a_backend_that_cannot_compute_a_variant_refuses_naming_those_that_can(backend, variant):
+    message = refusal(backend, variant)
+    if backend == "explicit":  # the reference computes every variant
+        assert message is None
+    if message is None:
+        return
+    assert "\n" not in message and f"attn_backend={backend!r}" in message
+    able = [b for b in BACKENDS if b in message.split("use ")[-1]]
+    assert able and all(refusal(b, variant) is None for b in able), message
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_auto_picks_only_a_backend_that_computes_the_variant(variant):
+    attn = CausalSelfAttention(GPTConfig(vocab_size=VOCAB, d_model=48, n_head=6, d_k=10, **VARIANTS[variant]))
+    for length, training, dropout_p in [(16, True, 0.0), (16, False, 0.0), (9999, False, 0.0), (16, True, 0.1)]:
+        picked = attn.kernel(torch.zeros(1, 6, length, 10, requires_grad=training), length, dropout_p)
+        assert refusal(picked, variant) is None, f"auto picked {picked}, which refuses {variant}"
+        assert dropout_p == 0.0 or picked != "materialized"  # it has no dropout
+
+
+def capture_heads(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """The concatenated heads (B, T, H * d_k) that reach W_O in a forward pass of attn on x."""
+    seen = []
+    handle = attn.out_proj.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs[0]))
+    attn(x)
+    handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("gate,width", [("headwise", 6), ("elementwise", 6 * 10)])
+def test_gated_attention_multiplies_each_head_by_a_sigmoid_of_the_input(gate, width):
+    torch.manual_seed(0)
+    shape = dict(d_model=48, n_head=6, d_k=10, attn_backend="explicit")
+    gated, plain = CausalSelfAttention(GPTConfig(**shape, attn_gate=gate)), CausalSelfAttention(GPTConfig(**shape))
+    plain.load_state_dict(gated.state_dict(), strict=False)  # the same W_Q, W_K, W_V, W_O
+    assert gated.gate_proj.weight.shape == (width, 48)
+    x = torch.randn(2, 7, 48)
+    heads = capture_heads(plain, x).view(2, 7, 6, 10)
+    gates = torch.sigmoid(gated.gate_proj(x)).view(2, 7, 6, -1)  # (B, T, H, 1 or d_k)
+    torch.testing.assert_close(capture_heads(gated, x), (heads * gates).flatten(2))
+    torch.testing.assert_close(gated(x), gated.out_proj((heads * gates).flatten(2)))
+    assert (gated(x) - plain(x)).abs().max() > 1e-3  # the gate does change the output
+
+
+def test_window_pattern_repeats_over_the_layers():
+    cfg = GPTConfig(n_layer=6, window_pattern="SSSL", window_size=32)
+    assert [cfg.layer_window(i) for i in range(6)] == [32, 32, 32, None, 32, 32]
+    assert GPTConfig(n_layer=2).layer_window(1) is None  # off: every layer sees the whole context
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=6, n_head=2, d_model=16, window_pattern="SSSL", window_size=32))
+    assert [block.attn.window for block in model.blocks] == [32, 32, 32, None, 32, 32]
+
+
+def test_a_sliding_window_hides_keys_before_it_and_nothing_else():
+    model = make_model("explicit", window_pattern="S", window_size=5)
+    idx = tokens(1)
+    with torch.no_grad():
+        base = model(idx)[0]
+        changed = idx.clone()
+        changed[0, 0] = (changed[0, 0] + 1) % VOCAB
+        logits = model(changed)[0]
+    # two layers of 5 keys: position t reads back to t - 8, so token 0 reaches positions 0-8 only
+    assert (logits[0, :9] - base[0, :9]).abs().max() > 1e-4
+    assert torch.equal(logits[0, 9:], base[0, 9:])
+
+
+def test_attention_sinks_start_at_zero_and_learn():
+    model = make_model("materialized", attn_sinks=True).train()
+    sinks = [block.attn.sinks for block in model.blocks]
+    assert all(s.shape == (6,) and not s.any() for s in sinks)
+    assert model.num_params() == make_model().num_params() + 2 * 6  # one logit per head and layer
+    model(tokens(), tokens())[1].backward()
+    assert all(s.grad.abs().min() > 0 for s in sinks)
+
+
+def test_value_embeddings_add_a_gated_token_embedding_of_their_own_to_the_values():
+    model = make_model("explicit", value_embeds=True, n_kv_head=2)
+    attn = model.blocks[0].attn
+    assert attn.value_embed.weight.shape == (VOCAB, 2 * 10) and attn.value_gate.weight.shape == (2, 48)
+    per_layer = VOCAB * 2 * 10 + 2 * 48 + 2  # the table, the gate's weight and bias
+    assert model.num_params() == make_model(n_kv_head=2).num_params() + 2 * per_layer
+    assert model.num_params(exclude_embeddings=True) == make_model(n_kv_head=2).num_params(True) + 2 * (2 * 48 + 2)
+    idx = tokens(2, 8)
+    cache = model.new_cache(2, 8)
+    with torch.no_grad():
+        model(idx, cache=cache)  # the cache keeps the values the queries read
+        x = model.blocks[0].ln_1(model.embed(idx, token_positions(8))[0])
+        _, _, v = attn.project_qkv(x)  # (B, H_kv, T, d_k)
+        gate = 2 * torch.sigmoid(attn.value_gate(x))  # (B, T, H_kv)
+        ve = attn.value_embed(idx).view(2, 8, 2, 10)  # (B, T, H_kv, d_k)
+    torch.testing.assert_close(cache.layers[0].values[:, :, :8], v + (gate[..., None] * ve).transpose(1, 2))
+    assert (gate - 1).abs().max() < 0.2  # the gate starts near 1
+
+
+def test_the_new_attention_variants_train_together_and_their_checkpoint_reloads(tiny_run_overrides, tmp_path):
+    knobs = {"attn_gate": "elementwise", "attn_softcap": 30.0, "attn_sinks": True, "window_pattern": "SL"}
+    knobs |= {"window_size": 8, "value_embeds": True}
+    overrides = [
+        *tiny_run_overrides,
+        "model.n_head=4",
+        "model.d_model=32",
+        *(f"model.{k}={v}" for k, v in knobs.items()),
+    ]
+    metrics = train(to_train_config(compose_config(overrides)))
+    assert math.isfinite(metrics["val/loss"])
+    model, ckpt = load_model(tmp_path / "run" / "checkpoints" / "best.safetensors")
+    assert {k: getattr(model.config, k) for k in knobs} == knobs == {k: ckpt.meta["config"]["model"][k] for k in knobs}
+    assert model.blocks[0].attn.sinks.abs().sum() > 0  # trained away from 0
