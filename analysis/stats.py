@@ -56,6 +56,13 @@ def paired_difference(cell: dict[int, float], reference: dict[int, float]) -> In
     return t_interval([cell[s] - reference[s] for s in seeds])
 
 
+def smallest_resolved_difference(seed_std: float, n: int, confidence: float = CONFIDENCE) -> float:
+    """The paired difference n seeds resolve, given one configuration's seed-to-seed standard deviation: the
+    half-width t_{(1+c)/2, n-1} * sqrt(2) * s / sqrt(n) of its interval when the two configurations' noise is
+    independent (sqrt(2) s per-seed differences). Pairing by seed can only narrow it: a bound, not a guess."""
+    return t_quantile(n, confidence) * math.sqrt(2) * seed_std / math.sqrt(n)
+
+
 def fmt_interval(interval: Interval, digits: int = 4, signed: bool = False) -> str:
     """'3.1234 [3.1000, 3.1468]', or the bare mean when there is no interval, or '—' for no values."""
     if interval.n == 0:

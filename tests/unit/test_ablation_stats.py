@@ -1,6 +1,7 @@
 """Confidence intervals and paired differences (analysis/stats.py) against values computed by hand."""
 
 import math
+import statistics
 
 import pytest
 
@@ -44,3 +45,19 @@ def test_a_consistent_difference_is_resolved_though_the_means_overlap():
     diff = paired_difference(cell, ref)
     assert (diff.low, diff.high) == pytest.approx((-0.31 - 0.024841, -0.31 + 0.024841), abs=1e-5)
     assert verdict(diff) == "resolved: lower by 0.3100 nats, the 95% interval excludes 0"
+
+
+def test_the_smallest_resolved_difference_is_the_paired_intervals_half_width():
+    from analysis.stats import smallest_resolved_difference
+
+    # 3 seeds, s = 0.01: 4.303 * sqrt(2) * 0.01 / sqrt(3)
+    assert smallest_resolved_difference(0.01, 3) == pytest.approx(4.302653 * 2**0.5 * 0.01 / 3**0.5, rel=1e-6)
+    # the same half-width as a t-interval of per-seed differences whose spread is sqrt(2) s
+    diffs = [0.0, 0.02 * 2**0.5, -0.02 * 2**0.5, 0.0]
+    s = statistics.stdev(diffs) / 2**0.5
+    assert smallest_resolved_difference(s, 4) == pytest.approx(t_interval(diffs).half_width)
+    assert (
+        smallest_resolved_difference(0.01, 10)
+        < smallest_resolved_difference(0.01, 5)
+        < smallest_resolved_difference(0.01, 3)
+    )
