@@ -48,8 +48,9 @@ from data.prepare import PreparedData, prepare
 from interop.hf_model import to_hf_config
 from model import GPT
 from rundir.files import SUMMARY
+from rundir.records import mfu
 from training.config import TrainConfig
-from training.runtime import cpu_supports_bf16, device_name, mfu, peak_flops, resolve_device
+from training.runtime import cpu_supports_bf16, device_name, peak_flops, resolve_device
 from training.setup import train
 from training.trainer import Trainer
 

@@ -269,6 +269,7 @@ class SweepHint(Callback):
 
     def __init__(self, paper: str | None = None) -> None:
         self.paper = paper
+        self.jobs, self.started = 0, 0.0  # set when a multirun starts; a single run has no jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper}
@@ -277,7 +278,7 @@ class SweepHint(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """`job i of N`, and once a job has finished, the time the rest will take at the pace so far."""
-        if not getattr(self, "jobs", None):  # a single run: Hydra calls this too, without a job number
+        if not self.jobs:  # a single run: Hydra calls this too, without a job number
             return
         done = int(config.hydra.job.num)
         eta = ""

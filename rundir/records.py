@@ -99,6 +99,11 @@ class MetricsLogger:
             self.run.finish()
 
 
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
+    """Fraction of the measured peak the model's useful FLOPs reach."""
+    return flops_per_token * tokens_per_s / peak
+
+
 def write_json(path: Path, record: dict[str, Any]) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
@@ -107,7 +112,8 @@ def write_run_info(out_dir: Path, shape: dict[str, Any], config: dict[str, Any])
     """Shape, size and cost of the run (`shape`: the model's sizes, params, FLOPs and tokens per step), with
     its resolved config; clears an older summary. A study's settings (fairness) are in the config."""
     record = shape | {"max_steps": config["max_steps"], "seed": config["seed"]}
-    record |= {"fairness": config.get("fairness", {}).get("mode", "fixed_d_model")}
+    if "fairness" in config:  # a study's config (studies.fairness.StudyRunConfig): what it held fixed
+        record["fairness"] = config["fairness"]["mode"]
     (Path(out_dir) / SUMMARY).unlink(missing_ok=True)  # a resumed run is unfinished until it ends again
     write_json(Path(out_dir) / RUN_INFO, record | {"config": config})
 

@@ -33,7 +33,7 @@ from model.config import GPTConfig
 from rundir import checkpoint as ckpt_io
 from rundir.checkpoints import CheckpointDir, trim_metrics
 from rundir.files import METRICS, SUMMARY, RunLock
-from rundir.records import LoggerConfig, MetricsLogger, log_to_file, write_config, write_json, write_run_info
+from rundir.records import LoggerConfig, MetricsLogger, log_to_file, mfu, write_config, write_json, write_run_info
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,9 @@ class Run:
         self.interval_step = step
         self.throughputs.append(tok_s)
         self.train_seconds += seconds
-        mfu = self.flops_per_token * tok_s / self.peak  # fraction of the measured matmul peak
         record = {"train/loss": loss, "train/grad_norm": grad_norm, "lr": lr}
-        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu, "time/elapsed_s": elapsed_s}
+        record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu(self.flops_per_token, tok_s, self.peak)}
+        record |= {"time/elapsed_s": elapsed_s}
         self.logger.log(record, step)
         self.postfix = {"step": step, "loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok_s": f"{tok_s:,.0f}"}
         self.show_postfix()

@@ -3,7 +3,7 @@ context, torch.compile as a switch that can never break a run, the measured matm
 (for MFU), and SIGTERM/SIGINT, whose handler only sets a flag: the loop finishes its step, saves and
 exits with 128 + signal (a second Ctrl-C interrupts at once).
 
-MFU = FLOPs per token (from the model) x tokens per second / peak FLOP/s. The peak is the median rate
+MFU (rundir.records.mfu) = FLOPs per token x tokens per second / this peak. The peak is the median rate
 of large square matmuls in the run's dtype, measured once per (device, dtype, threads, torch version)
 and cached as JSON, so a run pays for it once (about a second on a CPU).
 """
@@ -198,11 +198,6 @@ def peak_flops(device: torch.device, precision: str, cache_file: Path | None = N
         log.info("measured %s matmul peak on %s: %.3f TFLOP/s", precision, device_name(device), cache[key] / 1e12)
         atomic_write_bytes(cache_file, (json.dumps(cache, indent=2) + "\n").encode())  # a per-process temp file
     return cache[key]
-
-
-def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
-    """Fraction of the measured peak the model's useful FLOPs reach."""
-    return flops_per_token * tokens_per_s / peak
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

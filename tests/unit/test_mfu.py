@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
+from rundir.records import mfu
 from training import runtime as mfu_mod
 
 
@@ -35,7 +36,7 @@ def test_measured_peak_is_a_plausible_rate():
 def test_mfu_uses_the_models_flops_per_token():
     model = GPT(GPTConfig(vocab_size=100, block_size=64, n_layer=2, n_head=3, d_model=48, d_k=20))
     flops = model.flops_per_token()
-    assert mfu_mod.mfu(flops, tokens_per_s=1000.0, peak=flops * 4000.0) == pytest.approx(0.25)
+    assert mfu(flops, tokens_per_s=1000.0, peak=flops * 4000.0) == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("native_bf16", [False, True])
