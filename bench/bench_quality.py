@@ -86,6 +86,15 @@ RECIPES = {
     "bpe_2048": ["data.bpe_vocab_size=2048"],
     # GPT-2's BPE (50257 tokens): compare with the char recipes in bits/byte.
     "bpe_budget": ["+experiment=bpe_budget"],
+    # nanochat's CPU recipe in our code (configs/experiment/nanochat_cpu.yaml): the stronger baseline.
+    "nanochat_cpu": ["+experiment=nanochat_cpu"],
+    # The attention variants (docs/variants.md) on the default recipe, each alone.
+    "gate_headwise": ["model.attn_gate=headwise"],
+    "gate_elementwise": ["model.attn_gate=elementwise"],
+    "attn_softcap": ["model.attn_softcap=10"],
+    "sinks": ["model.attn_sinks=true"],
+    "window_SSSL": ["model.window_pattern=SSSL", "model.window_size=16"],  # a quarter of the 64-token context
+    "value_embeds": ["model.value_embeds=true"],
 }
 
 
@@ -183,6 +192,18 @@ def print_table(rows: list[dict], reference: str) -> None:
             print(f"{name} - {reference}: {fmt_interval(diff, signed=True)} bits/byte (paired by seed)")
 
 
+def read_steps(path: Path, recipes: list[str], parser: argparse.ArgumentParser) -> dict[str, int]:
+    """The step counts a --time-only run wrote, for `recipes`; each must have been timed with the same overrides."""
+    try:
+        timed = json.loads(path.read_text())["recipes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--steps-from {path}: not a --time-only file ({type(e).__name__}: {e})")
+    for name in recipes:
+        if name not in timed or timed[name].get("overrides") != RECIPES[name]:
+            parser.error(f"--steps-from {path}: recipe {name!r} was not timed there with the overrides {RECIPES[name]}")
+    return {name: int(timed[name]["steps"]) for name in recipes}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=300.0, help="whole-process seconds per run")
@@ -190,12 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--recipes",
         nargs="+",
         default=["default", "nanogpt_baby"],
-        choices=sorted(RECIPES),
-        help="default: the headline pair",
+        metavar="RECIPE",
+        help=f"default: the headline pair; any of {', '.join(sorted(RECIPES))} or a --define'd name",
     )
     parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[1337])
     parser.add_argument(
-        "--reference", default="nanogpt_baby", choices=sorted(RECIPES), help="recipe the others are compared against"
+        "--reference", default="nanogpt_baby", metavar="RECIPE", help="recipe the others are compared against"
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
@@ -216,6 +237,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--classical",
         action="store_true",
         help="only print the classical compressors' bits/byte on the val split the overrides name",
+    )
+    parser.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="'NAME: OVERRIDES'",
+        help="a recipe of your own, e.g. --define 'ctx_128: model.block_size=128 batch_size=12', named in --recipes",
+    )
+    parser.add_argument(
+        "--time-only",
+        type=Path,
+        metavar="JSON",
+        help="only time each recipe's step (as --equal-time-steps does) and write the steps the budget buys to JSON",
+    )
+    parser.add_argument(
+        "--steps-from",
+        type=Path,
+        metavar="JSON",
+        help="train each recipe for the steps a --time-only run wrote (timed quietly; the runs may share the CPU)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     return parser
@@ -242,12 +282,21 @@ def main() -> None:
         return
     if not STARTUP_S < args.budget < math.inf:  # NaN fails both
         parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")
+    for definition in args.define:
+        name, sep, overrides = definition.partition(":")
+        if not sep or not name.strip() or not overrides.split():
+            parser.error(f"--define {definition!r} must read 'NAME: OVERRIDE OVERRIDE ...'")
+        RECIPES[name.strip()] = overrides.split()
+    for name in [*args.recipes, args.reference]:
+        if name not in RECIPES:
+            parser.error(f"recipe {name!r} is unknown; choose one of: {', '.join(sorted(RECIPES))} (or --define it)")
     configs = {}
     for name in args.recipes:  # a bad override is refused now, not after the first runs' minutes
         try:
             configs[name] = load_config([*RECIPES[name], *args.overrides])
         except ValueError as e:
             parser.error(f"recipe {name}: {e}")
+    steps_from = read_steps(args.steps_from, args.recipes, parser) if args.steps_from else None
     cpu = device_name(torch.device("cpu"))
     print(
         f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "
@@ -260,12 +309,22 @@ def main() -> None:
     for data_cfg in splits.values():  # measured (or read from the cache) now, so the scorers only read it
         print_baselines(baselines(data_cfg))
     length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
-    if args.equal_time_steps:
+    if args.equal_time_steps or args.time_only:
         speeds = seconds_per_step(args.recipes, args.overrides)
+        timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
         for name, seconds in speeds.items():
             steps = int((args.budget - STARTUP_S) / seconds)
+            timing["recipes"][name] = {"ms_per_step": seconds * 1000, "steps": steps, "overrides": RECIPES[name]}
             length[name] = [f"max_steps={steps}", "budget_s=null"]
             print(f"  {name}: {seconds * 1000:.1f} ms/step on {torch.get_num_threads()} threads -> {steps} steps")
+        if args.time_only:
+            args.time_only.write_text(json.dumps(timing, indent=2) + "\n")
+            print(f"steps per recipe written to {args.time_only}; train them with --steps-from {args.time_only}")
+            return
+    if steps_from:
+        for name, steps in steps_from.items():
+            length[name] = [f"max_steps={steps}", "budget_s=null"]
+            print(f"  {name}: {steps} steps (timed in {args.steps_from})")
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []

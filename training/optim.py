@@ -17,7 +17,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
-MAX_LR = 1000.0  # lr and muon_lr: see OptimConfig.validate
+MAX_LR = 1000.0  # every peak lr: see OptimConfig.validate
 
 
 @dataclass
@@ -34,6 +34,10 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     muon_lr: float = 0.02  # Muon's peak lr for the block matrices
+    # Peak lrs of the token/position tables and of an untied LM head; null: optim.lr. nanochat sets them apart
+    # (its embeddings learn ~50x faster than its head): one row of the table moves only when its token occurs.
+    embedding_lr: float | None = None
+    head_lr: float | None = None
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, times Muon's lr
     grad_clip: float = 1.0  # max global grad norm; 0 disables
@@ -48,7 +52,9 @@ class OptimConfig:
         # Adam and Muon move each weight by about lr a step, so an lr above 1 only diverges, and 1e300 overflowed
         # the update's float32 scalars: a crash after the run's first records. MAX_LR is generous and stays far
         # below that overflow, also after Adam's bias correction (lr / (1 - beta1) < 1e19 for any float beta1 < 1).
-        for name in ("lr", "muon_lr"):
+        for name in ("lr", "muon_lr", "embedding_lr", "head_lr"):
+            if getattr(self, name) is None and name in ("embedding_lr", "head_lr"):
+                continue  # null: optim.lr
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0")
             if getattr(self, name) > MAX_LR:
@@ -123,9 +129,11 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parame
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
     decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": cfg.embedding_weight_decay}
-    adam = {"lr_scale": 1.0, "betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
+    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr}  # None: cfg.lr
+    adam = {"betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
     groups = [
         {"params": params, "role": role, "weight_decay": decay.get(role, 0.0), **adam}
+        | {"lr_scale": (peak.get(role) or cfg.lr) / cfg.lr}
         for role, params in param_groups(model, cfg).items()
         if params
     ]

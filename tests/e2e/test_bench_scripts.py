@@ -84,6 +84,35 @@ def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(
     assert "above floor" in out and "classical floor: " in out  # the distance to the compressors' best
 
 
+def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_run_overrides, tmp_path):
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    mine = ["--define", "wide: model.d_model=48", "--budget", "21", "--reference", "default"]
+    timing = tmp_path / "timing.json"
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "bench/bench_quality.py", *mine, *args, "--", *overrides]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    timed = bench("--recipes", "default", "wide", "--time-only", str(timing))
+    assert timed.returncode == 0, timed.stderr[-3000:]
+    written = json.loads(timing.read_text())
+    assert written["recipes"]["wide"]["overrides"] == ["model.d_model=48"] and " seed " not in timed.stdout
+    steps = {name: r["steps"] for name, r in written["recipes"].items()}
+    assert steps.keys() == {"default", "wide"} and all(n > 0 for n in steps.values())
+
+    trained = bench("--recipes", "default", "wide", "--steps-from", str(timing))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    ran = {
+        line.split()[0]: int(line.split(", ")[1].split()[0]) for line in trained.stdout.splitlines() if " seed " in line
+    }
+    assert ran == steps and "ms/step" not in trained.stdout  # no second timing: the written steps, as they were
+    assert "wide - default: " in trained.stdout
+
+    untimed = bench("--recipes", "default", "batch_12", "--steps-from", str(timing))
+    assert untimed.returncode == 2 and "recipe 'batch_12' was not timed there" in untimed.stderr
+    assert len(untimed.stderr.strip().splitlines()) == 1
+
+
 def test_bench_quality_classical_prints_every_compressor_on_the_val_split_with_the_cpu(tiny_run_overrides):
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
     done = subprocess.run(

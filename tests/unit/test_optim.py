@@ -98,6 +98,25 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     )
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_embedding_and_head_lrs_set_their_groups_peaks(optimizer):
+    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False}))
+    cfg = OptimConfig(optimizer=optimizer, lr=0.004, muon_lr=0.02, embedding_lr=0.3, head_lr=0.008)
+    opt = build_optimizer(model, cfg, "cpu")
+    set_lr(opt, 0.002)  # half the peak: each group at half its own
+    lrs = {g["role"]: g["lr"] for g in opt.param_groups}
+    assert lrs["embedding"] == pytest.approx(0.15) and lrs["head"] == pytest.approx(0.004)
+    assert lrs["gain"] == pytest.approx(0.002)
+    assert lrs["hidden"] == pytest.approx(0.01 if optimizer == "muon" else 0.002)
+
+
+@pytest.mark.parametrize("name", ["embedding_lr", "head_lr"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), 1e6])
+def test_embedding_and_head_lrs_refuse_bad_values(name, value):
+    with pytest.raises(ValueError, match=rf"optim.{name}={value} is invalid"):
+        OptimConfig(**{name: value}).validate()
+
+
 def step(model: GPT, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, seed: int) -> None:
     x = torch.randint(0, 17, (4, 8), generator=torch.Generator().manual_seed(seed))
     scaler.scale(model(x, x)[1]).backward()
