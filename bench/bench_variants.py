@@ -8,8 +8,9 @@ Every variant is the same shape (4 layers, 4 heads) with random weights. A train
 trainer's own step (Trainer.step: forward, backward, clipping, guard, optimizer) under the precision
 train.py would pick (bf16 on CPUs that have it), on the default data.
 The variants take turns (round robin, `--rounds` times), so a load spike on a shared machine
-hits them alike; each figure is a median. KV bytes/token = 2 (K and V) x n_layer x n_kv_head x d_k
-x the cache's element size (the weights' dtype: fp32 here, as scripts/sample.py loads checkpoints).
+hits them alike; each figure is a median. KV bytes/token (model.kv_cache.kv_bytes_per_token) =
+2 (K and V) x n_layer x n_kv_head x d_k, or for MLA n_layer x (latent + rope key), x the cache's element
+size (the weights' dtype: fp32 here, as scripts/sample.py loads checkpoints).
 """
 
 import argparse
@@ -27,6 +28,7 @@ from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
 from generation.generate import SamplingParams, generate
 from model import GPTConfig
+from model.kv_cache import kv_bytes_per_token
 from training.config import TrainConfig
 from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
@@ -45,6 +47,9 @@ VARIANTS = {  # name -> GPTConfig overrides (the README table's rows)
     "attention sinks": {"attn_sinks": True},
     "sliding window SSSL": {"window_pattern": "SSSL", "window_size": 64},
     "value embeddings": {"value_embeds": True},
+    "differential attention": {"attn_diff": True},
+    "MLA (latent 64)": {"mla_latent": 64},
+    "MLA (latent 64) + rope": {"mla_latent": 64, "pos_encoding": "rope"},
 }
 
 
@@ -108,7 +113,7 @@ def main() -> None:
     print(header + "\n" + "-" * len(header))
     for name, model in models.items():
         step = statistics.median(step_s[name])
-        kv_bytes = model.new_cache(1, 1).nbytes  # one slot of one row: the bytes of one token
+        kv_bytes = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
         decode_tok_s = args.decode_tokens / statistics.median(decode_s[name])
         print(
             f"{name:<24} | {model.num_params() / 1e6:>7.2f}M | {tokens / step:>11.0f} | {base / step:>7.2f}x "

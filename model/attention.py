@@ -21,9 +21,14 @@ And those of 2025-26, each one GPTConfig field, off by default (docs/variants.md
 - attention sinks: a learned logit per head in the softmax's denominator, with no value behind it
   (gpt-oss, OpenAI 2025; Xiao et al. 2023 found heads making one of a key);
 - sliding windows per layer: an "SSSL" pattern of windowed (S) and full (L) layers (Gemma 2,
-  gpt-oss, nanochat); the cache keeps every key and the mask hides those before the window;
+  gpt-oss, nanochat); a windowed layer's cache keeps only its last window - 1 keys and the mask
+  hides any before the window (model/kv_cache.py);
 - value embeddings (modded-nanogpt, nanochat): v + 2 sigmoid(x W_g) * ve[token], a second token
-  embedding per layer mixed into the values.
+  embedding per layer mixed into the values;
+- differential attention (Ye et al. 2024): softmax(Q1 K1^T) - lambda softmax(Q2 K2^T) from the two
+  halves of each query and key head, a learned lambda per layer (model/differential.py);
+- multi-head latent attention (DeepSeek-V2): keys and values up-projected from a cached low-rank
+  latent (model/latent_attention.py, a subclass of the module here).
 The fused kernel cannot change the scores, so `sdpa` refuses the soft cap and sinks, and `auto`
 takes the materialized kernel (explicit under dropout) for them.
 """
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import GPTConfig
+from model.differential import DifferentialLambda, maps_as_heads, subtract_maps
 from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention, softmax_with_sink
 from model.position import apply_rotary
@@ -105,13 +111,19 @@ def attention_weights(
     attention_mask: Tensor | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    diff_lambda: Tensor | None = None,
 ) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + mask), shape (B, H, Tq, Tk); rows with no visible key are zero.
 
     key may have fewer heads than query (GQA); each then serves a group of query heads. softcap c
     replaces the scores S by c tanh(S / c) before the mask (Gemma 2), so none exceeds c in size.
     sinks (H,): one more logit per head in every row's denominator, with no value behind it.
+    diff_lambda: differential attention; the halves of each query and key head make two maps (each
+    with the soft cap and sink), and the weights are the first minus diff_lambda times the second.
     """
+    if diff_lambda is not None:  # the two maps as 2H heads of half the width (model/differential.py)
+        query, key = maps_as_heads(query, key)
+        sinks = None if sinks is None else sinks.repeat(2)
     d_k = query.shape[-1]
     key = expand_kv_heads(key, query.shape[1])
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
@@ -122,7 +134,8 @@ def attention_weights(
         attention_mask, has_visible = open_blind_rows(attention_mask)
         scores = scores.masked_fill(~attention_mask, float("-inf"))  # mask before softmax
     weights = scores.softmax(dim=-1) if sinks is None else softmax_with_sink(scores, sinks)[..., :-1]
-    return weights if has_visible is None else weights * has_visible
+    weights = weights if has_visible is None else weights * has_visible
+    return weights if diff_lambda is None else subtract_maps(weights, diff_lambda)
 
 
 def scaled_dot_product_attention(
@@ -133,14 +146,15 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    diff_lambda: Tensor | None = None,
 ) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + mask) V for query (B, H, Tq, D) and key/value (B, H_kv, Tk, D).
 
     `attention_mask` is boolean, True = visible, broadcastable to (B, H, Tq, Tk). H_kv divides H.
-    softcap and sinks change the scores as `attention_weights` says.
+    softcap, sinks and diff_lambda change the weights as `attention_weights` says.
     """
     _check_shapes(query, key, value)
-    weights = attention_weights(query, key, attention_mask, softcap, sinks)
+    weights = attention_weights(query, key, attention_mask, softcap, sinks, diff_lambda)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ expand_kv_heads(value, query.shape[1])  # (B, H, Tq, D)
@@ -188,13 +202,17 @@ class CausalSelfAttention(nn.Module):
         self.softcap = config.attn_softcap
         self.window = config.layer_window(layer)  # keys a query sees (sliding window), or None: every earlier key
         q_dim, kv_dim = self.n_head * self.d_k, self.n_kv_head * self.d_k
-        self.qkv_proj = nn.Linear(config.d_model, q_dim + 2 * kv_dim, bias=config.bias)  # W_Q | W_K | W_V
+        self.qkv_proj = nn.Linear(config.d_model, self.projection_width(config), bias=config.bias)  # W_Q | W_K | W_V
         self.out_proj = nn.Linear(q_dim, config.d_model, bias=config.bias)  # W_O
         gate_width = {"headwise": self.n_head, "elementwise": q_dim}.get(config.attn_gate)
         self.gate_proj = nn.Linear(config.d_model, gate_width, bias=config.bias) if gate_width else None  # W_gate
-        # One gain per channel of a head, shared by the heads (a head is a vector, the norm is over d_k).
-        self.q_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.d_k, eps=1e-6) if config.qk_norm else None
+        # One gain per channel of a head, shared by the heads (a head is a vector, the norm is over d_k);
+        # differential attention normalises each half of a head, the query or key of one of its maps.
+        qk_width = self.d_k // 2 if config.attn_diff else self.d_k
+        self.q_norm = nn.RMSNorm(qk_width, eps=1e-6) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(qk_width, eps=1e-6) if config.qk_norm else None
+        # Differential attention: the layer's learned lambda and the RMSNorm of each head's output.
+        self.differential = DifferentialLambda(self.d_k, layer) if config.attn_diff else None
         # Attention sinks: a learned logit per head in every softmax's denominator; 0 at init (GPT.reset_parameters).
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if config.attn_sinks else None
         # Value embeddings: a (vocab, H_kv * d_k) table per layer, mixed into V by a gate per key/value head.
@@ -209,11 +227,30 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
         k = k.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
         v = v.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = rms_norm(self.q_norm, q), rms_norm(self.k_norm, k)
+        return self.norm_and_rotate(q, self.q_norm, rotary), self.norm_and_rotate(k, self.k_norm, rotary), v
+
+    def projection_width(self, config: GPTConfig) -> int:
+        """Output width of qkv_proj, W_Q | W_K | W_V (MultiHeadLatentAttention projects differently)."""
+        return (self.n_head + 2 * self.n_kv_head) * self.d_k
+
+    def norm_and_rotate(self, x: Tensor, norm: nn.RMSNorm | None, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
+        """QK-norm, then RoPE, of queries or keys (B, heads, T, D) as configured; under differential
+        attention each half of a head on its own, as each is the query or key of a map of its own."""
+        parts = x.chunk(2, dim=-1) if self.differential is not None else (x,)
+        if norm is not None:
+            parts = [rms_norm(norm, part) for part in parts]
         if rotary is not None:
-            q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
-        return q, k, v
+            parts = [apply_rotary(part, rotary) for part in parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def output_gate(self, x: Tensor) -> Tensor:
+        """Gated attention's sigmoid(x W_gate) for x (B, T, d_model): (B, H, T, 1 headwise or d_k elementwise)."""
+        B, T, _ = x.shape
+        return torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_head, -1).transpose(1, 2)
+
+    def value_embed_gate(self, x: Tensor) -> Tensor:
+        """Value embeddings' gate 2 sigmoid(x W_ve_gate) for x (B, T, d_model): (B, H_kv, T, 1), near 1 at init."""
+        return 2 * torch.sigmoid(self.value_gate(x)).transpose(1, 2)[..., None]
 
     def forward(
         self,
@@ -226,27 +263,43 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, d_model); padding_mask: optional (B, Tk) bool over every key, True for real tokens.
 
         With a cache, this layer's new keys/values are stored in it and the queries attend over all
-        keys so far (Tk = cached + T); without one, Tk = T. rotary: RoPE's (cos, sin) for the T new
-        positions, or None. tokens: the (B, T) ids of x, which value embeddings look up.
+        keys so far (Tk = cached + T, or a windowed layer's last window - 1 + T); without one, Tk = T.
+        rotary: RoPE's (cos, sin) for the T new positions, or None. tokens: the (B, T) ids of x, which
+        value embeddings look up.
         """
+        B, T, _ = x.shape
+        q, k, v = self.project_and_cache(x, cache, rotary, tokens)  # (B, H, T, d_k), (B, H_kv, Tk, d_k)
+        if cache is not None and padding_mask is not None:
+            # it covers every slot; a windowed layer's cache returns only the last Tk
+            padding_mask = padding_mask[:, padding_mask.shape[1] - k.shape[-2] :]
+        y = self.attend(q, k, v, padding_mask)  # (B, H, T, d_k)
+        if self.differential is not None:  # Ye et al. 2024: each head RMS-normed and scaled by 1 - lambda_init
+            y = rms_norm(self.differential.head_norm, y) * (1 - self.differential.lambda_init)
+        if self.gate_proj is not None:  # Qiu et al. 2025: y_h * sigmoid(x W_gate), per head or per channel
+            y = y * self.output_gate(x)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
+        return self.resid_dropout(self.out_proj(y))
+
+    def project_and_cache(
+        self, x: Tensor, cache: LayerCache | None, rotary: tuple[Tensor, Tensor] | None, tokens: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, T, d_k) of the T new tokens, and k, v (B, H_kv, Tk, d_k) of every token they may read:
+        with a cache, the cached ones and then the new ones, which the cache keeps."""
         B, T, _ = x.shape
         q, k, v = self.project_qkv(x, rotary)  # (B, H, T, d_k), (B, H_kv, T, d_k)
         if self.value_embed is not None:  # v + 2 sigmoid(x W_ve_gate) * ve: the gate starts near 1
             assert tokens is not None, "value embeddings look up the token ids; pass tokens"
             ve = self.value_embed(tokens).view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
-            gate = 2 * torch.sigmoid(self.value_gate(x)).transpose(1, 2)[..., None]  # (B, H_kv, T, 1)
-            v = v + (gate * ve).type_as(v)  # the table is float32 under bf16 autocast; keep v's dtype
+            v = v + (self.value_embed_gate(x) * ve).type_as(v)  # keep v's dtype: the table is float32 under autocast
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H_kv, Tk, d_k)
-        y = self.attend(q, k, v, padding_mask)  # (B, H, T, d_k)
-        if self.gate_proj is not None:  # Qiu et al. 2025: y_h * sigmoid(x W_gate), per head or per channel
-            y = y * torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_head, -1).transpose(1, 2)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
-        return self.resid_dropout(self.out_proj(y))
+        return q, k, v
 
     def score_flops(self, context: int) -> int:
         """Forward FLOPs of one query's QK^T and AV over `context` keys: 2 * context * H * d_k each.
-        Every query head attends, so GQA saves nothing here (only in the K, V projections)."""
+        Every query head attends, so GQA saves nothing here (only in the K, V projections). Differential
+        attention's two maps of d_k / 2 cost one map of d_k on the explicit path; a kernel, which takes them
+        as 2H heads, does one more AV (not counted: the count is of the model, not of a kernel)."""
         return 2 * 2 * context * self.n_head * self.d_k
 
     def kernel(self, q: Tensor, key_length: int, dropout_p: float) -> str:
@@ -278,16 +331,43 @@ class CausalSelfAttention(nn.Module):
 
     def weights(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """This layer's attention weights (B, H, T, T) for its input x (B, T, d_model), from the explicit
-        equation with every variant of the scores (soft cap, sinks, window): what each head reads."""
+        equation with every variant of the scores (soft cap, sinks, window): what each head reads.
+        Differential attention's are the difference of its two maps, so they can be negative and a row
+        sums to 1 - lambda."""
         q, k, _ = self.project_qkv(x, rotary)
         T = x.shape[1]
-        return attention_weights(q, k, self.mask(T, T, device=x.device), self.softcap, self.sinks)
+        lam = self.differential() if self.differential is not None else None
+        return attention_weights(q, k, self.mask(T, T, device=x.device), self.softcap, self.sinks, lam)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask."""
-        Tq, Tk = q.shape[-2], k.shape[-2]
+        """Causal attention of the last Tq queries over Tk keys, with an optional (B, Tk) padding mask.
+
+        Differential attention: the explicit path computes (A1 - lambda A2) V, the equation; a kernel
+        computes one softmax map per head, so it takes the two maps as 2H heads and the outputs are
+        subtracted, A1 V - lambda A2 V: the same numbers (model/differential.py).
+        """
         dropout_p = self.dropout if self.training else 0.0
-        kernel = self.kernel(q, Tk, dropout_p)
+        kernel = self.kernel(q, k.shape[-2], dropout_p)
+        lam = self.differential() if self.differential is not None else None
+        if lam is None or kernel == "explicit":
+            return self.attend_heads(q, k, v, padding_mask, kernel, dropout_p, self.sinks, lam)
+        sinks = None if self.sinks is None else self.sinks.repeat(2)  # each map's softmax has the head's sink
+        y = self.attend_heads(*maps_as_heads(q, k, v), padding_mask, kernel, dropout_p, sinks)  # (B, 2H, T, d_k)
+        return subtract_maps(y, lam)
+
+    def attend_heads(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        padding_mask: Tensor | None,
+        kernel: str,
+        dropout_p: float,
+        sinks: Tensor | None,
+        diff_lambda: Tensor | None = None,
+    ) -> Tensor:
+        """`attend` on `kernel`, one softmax map per head of q (the explicit path also takes diff_lambda)."""
+        Tq, Tk = q.shape[-2], k.shape[-2]
         causal_only = padding_mask is None and (self.window is None or self.window >= Tk)  # a window binds if shorter
         if causal_only and (Tq == 1 or kernel == "materialized"):
             # One query at the last position sees every key, and the materialized kernel is causal
@@ -298,7 +378,7 @@ class CausalSelfAttention(nn.Module):
         else:
             mask = self.mask(Tq, Tk, padding_mask, q.device)
         if kernel == "explicit":
-            return scaled_dot_product_attention(q, k, v, mask, dropout_p, self.softcap, self.sinks)
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p, self.softcap, sinks, diff_lambda)
         has_visible = None
         if padding_mask is not None:
             # A padding query may see no key at all, and some fused CUDA kernels return NaN for such a
@@ -308,7 +388,7 @@ class CausalSelfAttention(nn.Module):
         if kernel == "materialized":
             n_head = q.shape[1]
             k, v = expand_kv_heads(k, n_head), expand_kv_heads(v, n_head)
-            y = causal_materialized_attention(q, k, v, mask, self.softcap, self.sinks)
+            y = causal_materialized_attention(q, k, v, mask, self.softcap, sinks)
         else:
             y = fused_attention(q, k, v, mask, dropout_p=dropout_p)
         return y if has_visible is None else y * has_visible

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from model.attention import CausalSelfAttention
 from model.config import GPTConfig
 from model.kv_cache import LayerCache
+from model.latent_attention import MultiHeadLatentAttention
 
 
 def relu2(x: Tensor) -> Tensor:
@@ -57,7 +58,8 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = build_norm(config)
-        self.attn = CausalSelfAttention(config, layer)  # the layer picks its attention window
+        attention = CausalSelfAttention if config.mla_latent is None else MultiHeadLatentAttention
+        self.attn = attention(config, layer)  # the layer picks its attention window (and differential lambda)
         self.ln_2 = build_norm(config)
         self.mlp = MLP(config)
 

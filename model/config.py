@@ -59,6 +59,13 @@ class GPTConfig:
     # Value embeddings (modded-nanogpt, nanochat): each layer's values get a second token embedding of their own,
     # v + 2 sigmoid(x W_ve_gate) * ve[token], gated per key/value head from the block's normed input.
     value_embeds: bool = False
+    # Differential attention (Ye et al. 2024): each head's weights are softmax(Q1 K1^T / sqrt(d)) - lambda
+    # softmax(Q2 K2^T / sqrt(d)), Q1, Q2 (and K1, K2) the two halves of its d_k query (key) channels, d = d_k / 2;
+    # lambda is learned per layer (model/differential.py). V stays d_k wide.
+    attn_diff: bool = False
+    # Multi-head latent attention (DeepSeek-V2): keys and values up-projected from a latent c = x W_DKV of this
+    # width, which is all the KV cache keeps (plus a rotated rope key under RoPE: model/latent_attention.py). None: off.
+    mla_latent: int | None = None
 
     @property
     def head_dim(self) -> int:
@@ -75,6 +82,17 @@ class GPTConfig:
         if self.d_ff is not None:
             return self.d_ff
         return 8 * self.d_model // 3 if self.activation == "swiglu" else 4 * self.d_model
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels RoPE rotates in a query or key: the head dim; under differential attention each half of it
+        (the query or key of a map of its own); under MLA its decoupled rope key, d_k / 2 (DeepSeek-V2's d_h^R)."""
+        return self.head_dim // 2 if self.attn_diff or self.mla_latent is not None else self.head_dim
+
+    @property
+    def mla_rope_dim(self) -> int:
+        """Width of MLA's decoupled rope key and of each head's rope query part: rotary_dim under RoPE, else 0."""
+        return self.rotary_dim if self.mla_latent is not None and self.pos_encoding == "rope" else 0
 
     def layer_window(self, layer: int) -> int | None:
         """Keys a query of layer `layer` sees: window_size where window_pattern has an S, else None (all)."""
@@ -119,6 +137,26 @@ class GPTConfig:
             raise ValueError(
                 f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
             )
+        if self.attn_diff and self.head_dim % 2:
+            raise ValueError(
+                f"model.attn_diff=True splits each query and key head into two halves; the head dim ({self.head_dim}) "
+                "must be even"
+            )
+        if self.mla_latent is not None and self.mla_latent < 1:
+            raise ValueError(f"model.mla_latent={self.mla_latent} is invalid; it must be >= 1 (or null for off)")
+        if self.pos_encoding == "rope" and self.rotary_dim % 2:
+            what = "each half of a head" if self.attn_diff else "MLA's rope key of head_dim / 2 channels"
+            raise ValueError(
+                f"model.pos_encoding='rope' rotates pairs of channels of {what}; the head dim ({self.head_dim}) "
+                "must be a multiple of 4"
+            )
+        # Not with MLA: value embeddings add to values that the cached latent cannot hold, and differential
+        # attention's halves would cut across MLA's content and rope channels.
+        for name in ("attn_diff", "value_embeds"):
+            if self.mla_latent is not None and getattr(self, name):
+                raise ValueError(
+                    f"model.{name}=True cannot be combined with model.mla_latent={self.mla_latent}; choose one of them"
+                )
         if not 1.0 < self.rope_base < math.inf:  # NaN fails both comparisons, here and below
             raise ValueError(f"model.rope_base={self.rope_base} is invalid; it must be > 1 and finite")
         if self.n_kv_head is not None and self.n_kv_head < 1:

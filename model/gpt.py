@@ -4,7 +4,8 @@ Multitask Learners"): token + learned position embeddings, pre-LayerNorm blocks,
 The defaults are GPT-2's; the config (model/config.py) can swap the positions (sinusoidal, RoPE:
 model/position.py), share key/value heads (GQA/MQA), normalise queries and keys and add the attention
 variants of 2025-26 (gates, soft-capped scores, sinks, sliding windows, value embeddings:
-model/attention.py, docs/variants.md), change the MLP's activation (model/block.py) and the norm,
+model/attention.py; differential attention: model/differential.py; multi-head latent attention:
+model/latent_attention.py; docs/variants.md), change the MLP's activation (model/block.py) and the norm,
 untie the head, zero-init the residual projections, and soft-cap the logits or add a z-loss.
 """
 
@@ -17,7 +18,8 @@ from torch import Tensor, nn
 from model.attention import CausalSelfAttention
 from model.block import Block, build_norm
 from model.config import GPTConfig
-from model.kv_cache import KVCache, token_positions
+from model.differential import DifferentialLambda
+from model.kv_cache import KVCache, cache_layout, token_positions
 from model.position import RotaryEmbedding, SinusoidalPositions
 
 __all__ = ["GPT", "GPTConfig"]  # GPTConfig lives in model/config.py; `from model.gpt import GPTConfig` stays
@@ -39,7 +41,7 @@ class GPT(nn.Module):
         elif config.pos_encoding == "sinusoidal":
             self.pos_emb = SinusoidalPositions(config.d_model)
         else:
-            self.rotary = RotaryEmbedding(config.head_dim, config.rope_base)
+            self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_base)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.ln_f = build_norm(config)
@@ -53,8 +55,9 @@ class GPT(nn.Module):
 
         Linear and embedding weights ~ N(0, 0.02), biases 0, norm gains 1 and LayerNorm biases 0,
         the RMSNorm gains of QK-norm 1 (so it starts as a pure normalisation), attention sink logits
-        0 (as one more key that scores 0). An untied LM head is a Linear like the others, and so are
-        the gates of gated attention and value embeddings. The two projections that write into the
+        0 (as one more key that scores 0), differential attention's lambda vectors N(0, 0.1) (as its
+        paper). An untied LM head is a Linear like the others, and so are the gates of gated attention
+        and value embeddings, and MLA's projections. The two projections that write into the
         residual stream (attention W_O, MLP down) get std 0.02 / sqrt(2 * n_layer): each block adds
         two such terms, so this keeps the variance of the residual stream from growing with depth. With
         zero_init_proj they start at 0 instead: each block is then the identity at step 0 and
@@ -77,6 +80,9 @@ class GPT(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, CausalSelfAttention) and module.sinks is not None:
                 nn.init.zeros_(module.sinks)
+            elif isinstance(module, DifferentialLambda):  # as the paper: lambda starts near lambda_init
+                for vector in (module.lq1, module.lk1, module.lq2, module.lk2):
+                    nn.init.normal_(vector, mean=0.0, std=0.1)
 
     def forward(
         self,
@@ -150,14 +156,18 @@ class GPT(nn.Module):
 
     def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
         """An empty KV cache: batch_size rows of up to max_length tokens (default block_size; learned
-        positions allow no more), keeping n_kv_head heads per layer."""
+        positions allow no more), keeping n_kv_head heads per layer and only the window of a windowed one."""
         c = self.config
         max_length = max_length or c.block_size
         limit = self.max_context()
         if max_length < 1 or (limit is not None and max_length > limit):
             raise ValueError(f"KV cache length {max_length} must be in [1, block_size={c.block_size}]")
         weight = self.tok_emb.weight
-        return KVCache(c.n_layer, batch_size, c.kv_heads, max_length, c.head_dim, weight.device, weight.dtype)
+        windows = [c.layer_window(layer) for layer in range(c.n_layer)]
+        heads, key_width, value_width = cache_layout(c)  # MLA: its latent (model/latent_attention.py)
+        return KVCache(
+            c.n_layer, batch_size, heads, max_length, key_width, weight.device, weight.dtype, windows, value_width
+        )
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameter count (the tied head counted once); optionally without the embedding tables (token,

@@ -6,10 +6,19 @@ preallocated (B, n_kv_head, max_length, d_k) buffer for keys and one for values,
 current length. Rows of a batch may start with padding (prompts of different lengths, padded on
 the left); the cache remembers which slots are real so attention can ignore the rest, and positions
 count from each row's first real token, so a padded row computes exactly what it would alone.
+
+A sliding-window layer (window W, GPTConfig.layer_window) keeps only the last W - 1 slots: with the
+newest token's own key those are all that this or any later query of the layer can still see. Its
+update returns the kept slots followed by the new ones, so attention sees the last W - 1 + T slots in
+order, the one lower-right-aligned window mask applies unchanged, and the padding of those slots is
+the last columns of the cache's padding mask. Positions and RoPE come before the cache as for a full
+layer: a kept key carries the rotation of its own position.
 """
 
 import torch
 from torch import Tensor
+
+from model.config import GPTConfig
 
 
 def token_positions(
@@ -48,8 +57,34 @@ class LayerCache:
         return self.keys[:, :, :end], self.values[:, :, :end]  # (B, H_kv, end, d_k)
 
 
+class WindowLayerCache(LayerCache):
+    """A sliding-window layer's view of a KVCache: keeps the last window - 1 keys/values, in order."""
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the kept keys/values followed by k, v (B, H_kv, T, d_k): the last kept + T slots, in
+        order, every one that the T new queries may see. Then keep the last window - 1 of them.
+
+        A chunk longer than the window needs keys that keeping overwrites, so the result is a new
+        tensor rather than a view of the buffer (one copy of at most window - 1 + T slots).
+        """
+        start, end = self.owner.start, self.owner.length
+        assert k.shape[-2] == end - start, f"{k.shape[-2]} new keys for {end - start} reserved slots"
+        capacity = self.keys.shape[-2]  # window - 1
+        kept = min(start, capacity)
+        keys = torch.cat([self.keys[:, :, :kept], k], dim=2)  # (B, H_kv, kept + T, d_k)
+        values = torch.cat([self.values[:, :, :kept], v], dim=2)
+        keep = min(end, capacity)
+        first = keys.shape[-2] - keep  # not keys[-keep:]: keep may be 0 (a window of 1)
+        self.keys[:, :, :keep] = keys[:, :, first:]
+        self.values[:, :, :keep] = values[:, :, first:]
+        return keys, values
+
+
 class KVCache:
     """Keys and values of every layer for a batch of sequences, for up to `max_length` slots.
+
+    `windows` gives each layer's sliding window (None: full context, the default for every layer);
+    a layer whose window is shorter than max_length keeps only window - 1 slots (WindowLayerCache).
 
     Use: `positions, padding = cache.reserve(T, padding_mask)` once per forward pass (the model
     does this), then each attention layer calls `cache.layers[i].update(k, v)`.
@@ -64,16 +99,28 @@ class KVCache:
         d_k: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        windows: list[int | None] | None = None,
+        d_v: int | None = None,
     ) -> None:
-        shape = (batch_size, n_kv_head, max_length, d_k)
+        d_v = d_k if d_v is None else d_v  # a value's width; MLA caches its latent as a key with no value (0)
+        windows = windows if windows is not None else [None] * n_layer
+        if len(windows) != n_layer:
+            raise ValueError(f"KV cache windows {windows} must give one window (or None: full) per layer, {n_layer}")
+        if any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"KV cache windows {windows} are invalid; each must be >= 1 (or None: full)")
 
-        def buffer() -> Tensor:
-            return torch.zeros(shape, device=device, dtype=dtype)
+        def buffer(slots: int, width: int = d_k) -> Tensor:
+            return torch.zeros((batch_size, n_kv_head, slots, width), device=device, dtype=dtype)
+
+        def layer(window: int | None) -> LayerCache:
+            if window is None or window >= max_length:  # a window as long as the cache hides nothing in it
+                return LayerCache(self, buffer(max_length), buffer(max_length, d_v))
+            return WindowLayerCache(self, buffer(window - 1), buffer(window - 1, d_v))
 
         # Separate tensors per layer (not one stacked tensor), so writing one layer's slots never
         # bumps the autograd version of another's: one forward pass with gradients through the cache
         # works (the causality tests backpropagate through it).
-        self.layers = [LayerCache(self, buffer(), buffer()) for _ in range(n_layer)]
+        self.layers = [layer(window) for window in windows]
         self.max_length = max_length
         self.real = torch.ones(batch_size, max_length, dtype=torch.bool, device=device)  # False = padding slot
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens seen, per row
@@ -83,7 +130,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the key/value buffers: 2 * n_layer * B * n_kv_head * max_length * d_k * itemsize."""
+        """Bytes held by the key/value buffers: 2 * B * n_kv_head * d_k * itemsize per slot, max_length slots
+        for a full layer and window - 1 for a windowed one."""
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
 
     def reset(self) -> None:
@@ -111,3 +159,19 @@ class KVCache:
             self.n_real += padding_mask.sum(-1)
             self.padded = True
         return positions, self.real[:, : self.length] if self.padded else None
+
+
+def cache_layout(config: GPTConfig) -> tuple[int, int, int]:
+    """What the cache keeps per token and layer, as (heads, key width, value width): n_kv_head keys and values
+    of d_k (GQA: fewer heads); multi-head latent attention instead its latent and rope key (mla_latent +
+    mla_rope_dim), held as one key head with no value (model/latent_attention.py)."""
+    if config.mla_latent is not None:
+        return 1, config.mla_latent + config.mla_rope_dim, 0
+    return config.kv_heads, config.head_dim, config.head_dim
+
+
+def kv_bytes_per_token(config: GPTConfig, dtype: torch.dtype) -> int:
+    """Bytes one token takes in the cache, over every layer, in `dtype` (a windowed layer holds at most
+    window - 1 tokens, each of this size)."""
+    heads, key_width, value_width = cache_layout(config)
+    return config.n_layer * heads * (key_width + value_width) * torch.empty(0, dtype=dtype).element_size()

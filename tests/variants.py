@@ -26,13 +26,18 @@ VARIANTS: dict[str, dict] = {
     "sinks": {"attn_sinks": True},
     "window": {"window_pattern": "SL", "window_size": 4},  # layer 0 sees 4 keys, layer 1 all of them
     "value_embeds": {"value_embeds": True, "n_kv_head": 2},
+    "diff": {"attn_diff": True},
+    "diff_rope_gqa_qk_norm": {"attn_diff": True, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
+    "mla_window": {"mla_latent": 16, "window_pattern": "SL", "window_size": 4},  # a latent cache, windowed in layer 0
+    "mla_rope_gqa_qk_norm": {"mla_latent": 16, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
 }
 
 BACKENDS = ("explicit", "sdpa", "materialized")
 
-# The head shape the non-default variants run at: 6 heads (groups of 3 with n_kv_head 2), d_k 10,
-# which is even (RoPE) and != d_model 48 / n_head, so the independent-d_k paths are covered too.
-VARIANT_HEADS = (6, 10)
+# The head shape the non-default variants run at: 6 heads (groups of 3 with n_kv_head 2), d_k 12,
+# a multiple of 4 (RoPE rotates pairs of each half of a differential head, and MLA's d_k / 2 rope key)
+# and != d_model 48 / n_head, so the independent-d_k paths are covered too.
+VARIANT_HEADS = (6, 12)
 
 
 def refusal(backend: str, variant: str) -> str | None:

@@ -17,6 +17,7 @@ from model.attention import (
     scaled_dot_product_attention,
 )
 from model.config import GPTConfig
+from model.differential import maps_as_heads, subtract_maps
 from model.materialized_attention import causal_materialized_attention
 from tests.variants import VARIANT_HEADS, backend_variants, variant_model
 
@@ -264,3 +265,26 @@ def test_materialized_kernel_equals_the_equation_for_each_score_variant(softcap,
         return causal_materialized_attention(q, k, v, mask, softcap, *sink)
 
     assert torch.autograd.gradcheck(materialized, inputs)
+
+
+@pytest.mark.parametrize("H_kv", [4, 2])
+def test_differential_weights_are_the_first_map_minus_lambda_times_the_second(H_kv):
+    """Ye et al. 2024 on tiny tensors: softmax(Q1 K1^T / sqrt(d) + mask) - lambda softmax(Q2 K2^T / sqrt(d) + mask),
+    the halves of each head, d = d_k / 2; then through each kernel as 2H heads, subtracted (model/differential.py)."""
+    q, k, v = qkv(B=2, H=4, Tq=5, Tk=7, D=8, H_kv=H_kv, seed=3)
+    q, k, v = (3 * t.double() for t in (q, k, v))  # large scores: the two maps differ clearly
+    lam = torch.tensor(0.6, dtype=torch.float64)
+    mask = build_aligned_causal_mask(5, 7)
+    group = 4 // H_kv
+    k1, k2 = (half.repeat_interleave(group, dim=1) for half in (k[..., :4], k[..., 4:]))  # query head h: kv h // group
+    hidden = torch.full((5, 7), float("-inf"), dtype=torch.float64).triu(3)  # query i sees keys 0..i + 2
+    maps = [(qi @ ki.transpose(-2, -1) / 2 + hidden).softmax(-1) for qi, ki in ((q[..., :4], k1), (q[..., 4:], k2))]
+    want = maps[0] - lam * maps[1]
+    torch.testing.assert_close(attention_weights(q, k, mask, diff_lambda=lam), want)
+    out = want @ v.repeat_interleave(group, dim=1)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask, diff_lambda=lam), out)
+    q2, k2, v2 = maps_as_heads(q, k, v)  # what the kernels get: 2H heads of d_k / 2, values twice
+    expanded = [expand_kv_heads(t, 8) for t in (k2, v2)]
+    torch.testing.assert_close(subtract_maps(fused_attention(q2, k2, v2, mask), lam), out)
+    torch.testing.assert_close(subtract_maps(causal_materialized_attention(q2, *expanded), lam), out)
+    assert (want.sum(-1) - (1 - lam)).abs().max() < 1e-12 and (want < 0).any()  # rows sum to 1 - lambda

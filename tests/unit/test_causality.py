@@ -76,11 +76,13 @@ def test_model_attention_weights_are_causal_distributions(variant, n_head, d_k):
         w = block.attn.weights(block.ln_1(x), rotary)  # (B, H, T, T), every variant of the scores applied
         assert w.shape == (2, n_head, T, T)
         window = model.config.layer_window(layer) or T
-        seen = w[0, 0] > 0
+        seen = w[0, 0] != 0  # differential attention's weights (a difference of two maps) may be negative
         assert not seen.triu(1).any(), "a query saw a later key"
         assert torch.equal(seen.sum(-1), torch.arange(1, T + 1).clamp(max=window)), "not the last `window` keys"
         if model.config.attn_sinks:  # the sink takes a share of every row
             assert (w.sum(-1) < 1).all()
+        elif model.config.attn_diff:  # softmax(S1) - lambda softmax(S2): each row sums to 1 - lambda
+            torch.testing.assert_close(w.sum(-1), (1 - block.attn.differential()).expand(2, n_head, T))
         else:
             torch.testing.assert_close(w.sum(-1), torch.ones(2, n_head, T))
         x = block(x, rotary=rotary, tokens=idx)

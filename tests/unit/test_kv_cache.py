@@ -1,11 +1,12 @@
 """Cached decoding computes what full recomputation computes: logits at every step, tokens, padding,
-for every attention/position variant (tests/variants.py)."""
+for every attention/position variant (tests/variants.py); a sliding-window layer's cache keeps only
+its window and still computes what a cache of every slot does."""
 
 import pytest
 import torch
 
 from generation.generate import SamplingParams, generate, pad_prompts
-from model import GPT
+from model import GPT, GPTConfig
 from model.kv_cache import KVCache, token_positions
 from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, backend_variants, variant_cases, variant_model
 
@@ -26,9 +27,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make_model(
     backend: str = "sdpa", n_head: int = 4, d_k: int | None = None, block_size: int = 256, variant: str = "learned"
 ) -> GPT:
-    model = variant_model(backend, n_head, d_k, variant, VOCAB, block_size)
-    # GPT-2's init gives near-uniform logits; wider weights make the argmax decisive, so a greedy
-    # comparison tests the cache rather than the tie-breaking of nearly equal logits.
+    return widen_weights(variant_model(backend, n_head, d_k, variant, VOCAB, block_size))
+
+
+def widen_weights(model: GPT) -> GPT:
+    """GPT-2's init gives near-uniform logits; wider weights make the argmax decisive, so a greedy
+    comparison tests the cache rather than the tie-breaking of nearly equal logits."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -194,3 +198,88 @@ def test_positions_count_from_each_rows_first_real_token():
     positions, padding = cache.reserve(1)  # decoding continues each row's own count
     assert positions.tolist() == [[2], [4]]
     assert padding.tolist() == [[False, False, True, True, True], [True] * 5]
+
+
+# -- sliding windows: a windowed layer's cache keeps only its window -----------------------------------
+
+
+def windowed_model(backend: str, window: int, block_size: int = 64) -> GPT:
+    """3 layers "SLS" (layers 0 and 2 windowed) with RoPE and GQA: positions run on past the window
+    while the cache drops slots, and the kept keys are the grouped ones."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=VOCAB,
+        block_size=block_size,
+        n_layer=3,
+        n_head=6,
+        d_model=48,
+        d_k=10,
+        n_kv_head=2,
+        pos_encoding="rope",
+        attn_backend=backend,
+        window_pattern="SLS",
+        window_size=window,
+    )
+    return widen_weights(GPT(cfg).eval())
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_windowed_cache_holds_only_the_window_and_computes_what_the_full_cache_does(backend, window):
+    model = windowed_model(backend, window)
+    c, B, length = model.config, 3, 60
+    windowed = model.new_cache(B, length)
+    full = KVCache(c.n_layer, B, c.kv_heads, length, c.head_dim)  # no windows: every layer keeps every slot
+    slot_bytes = 2 * B * c.kv_heads * c.head_dim * 4  # K and V of one slot of every row, float32
+    assert full.nbytes == 3 * length * slot_bytes
+    assert windowed.nbytes == (length + 2 * (window - 1)) * slot_bytes  # one full layer, two of window - 1
+    assert [layer.keys.shape[2] for layer in windowed.layers] == [window - 1, length, window - 1]
+
+    # Left-padded prompts, prefilled in chunks longer than the window, then sampled decoding for
+    # several times the window: the kept slots are overwritten again and again.
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (2, 13, 8)]
+    tokens, real = pad_prompts(prompts)
+    sampler = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        start = 0
+        for size in (7, 1, 5):  # 13 prompt slots
+            chunk, chunk_real = tokens[:, start : start + size], real[:, start : start + size]
+            expected, _ = model(chunk, padding_mask=chunk_real, cache=full)
+            logits, _ = model(chunk, padding_mask=chunk_real, cache=windowed)
+            torch.testing.assert_close(logits[chunk_real], expected[chunk_real], atol=1e-5, rtol=0)
+            start += size
+        while tokens.shape[1] < length:
+            next_id = torch.multinomial(logits[:, -1].softmax(-1), 1, generator=sampler)  # (B, 1)
+            tokens = torch.cat([tokens, next_id], dim=1)
+            expected, _ = model(next_id, cache=full)
+            logits, _ = model(next_id, cache=windowed)
+            torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+        uncached, _ = model(tokens, padding_mask=torch.cat([real, torch.ones(B, length - 13, dtype=torch.bool)], 1))
+    torch.testing.assert_close(logits[:, -1], uncached[:, -1], atol=1e-5, rtol=0)
+    assert windowed.length == full.length == length
+    last = slice(length - window + 1, length)
+    for layer in (0, 2):  # what the window keeps is the full cache's last window - 1 slots, in order
+        torch.testing.assert_close(windowed.layers[layer].keys, full.layers[layer].keys[:, :, last])
+        torch.testing.assert_close(windowed.layers[layer].values, full.layers[layer].values[:, :, last])
+
+
+def test_windowed_generation_past_block_size_equals_uncached():
+    # A padded batch decodes 20 tokens through a window of 3 (it wraps again and again), then runs past
+    # block_size 32, where the generator re-prefills the last 32 tokens at every step.
+    model = windowed_model("auto", window=3, block_size=32)
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (5, 12)]
+    idx, padding_mask = pad_prompts(prompts)
+    params = {"temperature": 0, "top_k": None, "seed": None}
+    cached = generate(model, idx, SamplingParams(40, use_cache=True, **params), padding_mask=padding_mask)
+    uncached = generate(model, idx, SamplingParams(40, use_cache=False, **params), padding_mask=padding_mask)
+    assert torch.equal(cached, uncached)
+    assert len(set(cached[0, -40:].tolist())) > 5, "the test should not sit on one repeated token"
+
+
+def test_a_window_as_long_as_the_cache_keeps_every_slot_and_bad_windows_are_refused():
+    cache = KVCache(n_layer=3, batch_size=1, n_kv_head=1, max_length=6, d_k=2, windows=[6, 9, 5])
+    assert [layer.keys.shape[2] for layer in cache.layers] == [6, 6, 4]
+    with pytest.raises(ValueError, match=r"KV cache windows \[4\] must give one window \(or None: full\) per layer"):
+        KVCache(n_layer=2, batch_size=1, n_kv_head=1, max_length=6, d_k=2, windows=[4])
+    with pytest.raises(ValueError, match=r"KV cache windows \[0, None\] are invalid; each must be >= 1"):
+        KVCache(n_layer=2, batch_size=1, n_kv_head=1, max_length=6, d_k=2, windows=[0, None])

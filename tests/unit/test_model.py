@@ -125,6 +125,21 @@ def test_flops_per_token_matches_hand_computation(n_head, d_k, n_kv_head):
         ({"window_pattern": "SXL"}, r"model.window_pattern='SXL' is invalid; it must be letters S .* and L"),
         ({"window_pattern": ""}, r"model.window_pattern='' is invalid"),
         ({"window_pattern": "SL", "window_size": 0}, r"model.window_size=0 is invalid; it must be >= 1"),
+        (
+            {"attn_diff": True, "d_k": 5},
+            r"model.attn_diff=True splits each query and key head into two halves; .*\(5\)",
+        ),
+        (
+            {"attn_diff": True, "pos_encoding": "rope", "d_k": 6},
+            r"of each half of a head; the head dim \(6\) must be a",
+        ),
+        ({"mla_latent": 0}, r"model.mla_latent=0 is invalid; it must be >= 1 \(or null for off\)"),
+        (
+            {"mla_latent": 8, "pos_encoding": "rope", "d_k": 6},
+            r"of MLA's rope key .* head dim \(6\) must be a multiple",
+        ),
+        ({"mla_latent": 8, "attn_diff": True}, r"model.attn_diff=True cannot be combined with model.mla_latent=8"),
+        ({"mla_latent": 8, "value_embeds": True}, r"model.value_embeds=True cannot be combined with model.mla_latent"),
     ],
 )
 def test_invalid_config_is_refused_with_a_message(overrides, message):

@@ -2,7 +2,7 @@
 mixed precision, old checkpoints, and the variant config through a real training run."""
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -12,9 +12,10 @@ from cli.config import to_train_config
 from generation.generate import SamplingParams, generate
 from model import GPT, GPTConfig
 from model.attention import CausalSelfAttention
-from model.kv_cache import token_positions
-from model.position import SinusoidalPositions
+from model.kv_cache import kv_bytes_per_token, token_positions
+from model.position import SinusoidalPositions, apply_rotary
 from rundir.checkpoint import save_checkpoint
+from rundir.run import check_same_model
 from tests.helpers import compose_config
 from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, refusal
 from training.setup import train
@@ -288,3 +289,111 @@ def test_the_new_attention_variants_train_together_and_their_checkpoint_reloads(
     model, ckpt = load_model(tmp_path / "run" / "checkpoints" / "best.safetensors")
     assert {k: getattr(model.config, k) for k in knobs} == knobs == {k: ckpt.meta["config"]["model"][k] for k in knobs}
     assert model.blocks[0].attn.sinks.abs().sum() > 0  # trained away from 0
+
+
+def test_differential_attention_reads_the_difference_of_two_maps_through_a_normed_head():
+    torch.manual_seed(0)
+    config = GPTConfig(d_model=16, n_head=2, d_k=8, attn_diff=True, attn_backend="explicit")
+    attn = CausalSelfAttention(config, layer=2)
+    diff = attn.differential
+    assert diff.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * 2))  # the paper's schedule
+    assert CausalSelfAttention(config, layer=0).differential.lambda_init == pytest.approx(0.2)
+    with torch.no_grad():
+        for vector, value in zip((diff.lq1, diff.lk1, diff.lq2, diff.lk2), (0.3, 0.2, -0.1, 0.4), strict=True):
+            vector.fill_(value)
+        diff.head_norm.weight.uniform_(0.5, 1.5)
+    lam = math.exp(4 * 0.3 * 0.2) - math.exp(4 * -0.1 * 0.4) + diff.lambda_init  # vectors of d_k / 2 = 4
+    torch.testing.assert_close(diff().item(), lam)
+    x = torch.randn(2, 6, 16)
+    q, k, v = attn.project_qkv(x)  # (B, H, T, 8)
+    hidden = torch.full((6, 6), float("-inf")).triu(1)
+    first = (q[..., :4] @ k[..., :4].transpose(-2, -1) / 2 + hidden).softmax(-1)  # scaled by sqrt(d_k / 2)
+    second = (q[..., 4:] @ k[..., 4:].transpose(-2, -1) / 2 + hidden).softmax(-1)
+    heads = (first - lam * second) @ v
+    heads = heads / heads.square().mean(-1, keepdim=True).add(1e-5).sqrt() * diff.head_norm.weight  # RMSNorm
+    want = attn.out_proj((heads * (1 - diff.lambda_init)).transpose(1, 2).flatten(2))
+    torch.testing.assert_close(attn(x), want)
+    for backend in ("sdpa", "materialized"):  # the kernels: two maps as 2H heads, outputs subtracted
+        other = CausalSelfAttention(replace(config, attn_backend=backend), layer=2)
+        other.load_state_dict(attn.state_dict())
+        torch.testing.assert_close(other(x), want)
+
+
+def test_differential_lambda_starts_near_lambda_init_and_learns():
+    model = make_model("materialized", d_k=12, attn_diff=True).train()
+    for layer, block in enumerate(model.blocks):
+        diff = block.attn.differential
+        assert diff.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * layer))
+        vectors = torch.cat([diff.lq1, diff.lk1, diff.lq2, diff.lk2])
+        assert 0.05 < vectors.std().item() < 0.2  # N(0, 0.1), drawn in GPT.reset_parameters
+        assert abs(diff().item() - diff.lambda_init) < 0.1
+    per_layer = 4 * 6 + 12  # four lambda vectors of d_k / 2, the head norm's gains
+    assert model.num_params() == make_model(d_k=12).num_params() + 2 * per_layer
+    model(tokens(), tokens())[1].backward()
+    assert all(block.attn.differential.lq1.grad.abs().min() > 0 for block in model.blocks)
+
+
+def test_latent_attention_reads_keys_and_values_up_projected_from_the_cached_latent():
+    """DeepSeek-V2 on a tiny layer: c = x W_DKV, K = c W_UK, V = c W_UV, and a rope key shared by the heads."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=8, n_layer=1, n_head=2, d_model=16, d_k=8, attn_backend="explicit")
+    model = GPT(replace(cfg, mla_latent=5, pos_encoding="rope", n_kv_head=1)).eval()  # d_R = d_k / 2 = 4
+    attn, T = model.blocks[0].attn, 6
+    idx = tokens(2, T)
+    x, rotary = model.embed(idx, token_positions(T))
+    x = model.blocks[0].ln_1(x)
+    w_q, w_dkv, w_kr = attn.qkv_proj.weight.split([2 * 12, 5, 4])  # W_Q | W_QR per head, W_DKV, W_KR
+    w_uk, w_uv = attn.kv_up_proj.weight.split([8, 8])
+    c = x @ w_dkv.T  # (B, T, 5): the latent
+    k_rope = apply_rotary((x @ w_kr.T)[:, None], rotary)[:, 0]  # (B, T, 4)
+    k, v = c @ w_uk.T, c @ w_uv.T  # (B, T, 8): one key/value head for both query heads
+    heads = []
+    for q in (x @ w_q.T).split(12, dim=-1):  # each head: 8 content channels, then 4 rope ones
+        q_rope = apply_rotary(q[:, None, :, 8:], rotary)[:, 0]
+        scores = (q[..., :8] @ k.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)) / math.sqrt(8 + 4)
+        heads.append((scores + torch.full((T, T), float("-inf")).triu(1)).softmax(-1) @ v)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, rotary=rotary), attn.out_proj(torch.cat(heads, dim=-1)))
+        cache = model.new_cache(2, 8)
+        model(idx, cache=cache)
+    layer = cache.layers[0]
+    assert layer.keys.shape == (2, 1, 8, 5 + 4) and layer.values.numel() == 0  # the latent and rope key, no V
+    torch.testing.assert_close(layer.keys[:, 0, :T], torch.cat([c, k_rope], dim=-1))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kv_bytes_per_token_is_what_the_cache_holds_for_a_token(variant):
+    cfg = GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=VARIANT_HEADS[0], d_model=48, d_k=VARIANT_HEADS[1])
+    cfg = replace(cfg, **VARIANTS[variant])
+    assert kv_bytes_per_token(cfg, torch.float32) == GPT(cfg).new_cache(1, 1).nbytes
+    assert kv_bytes_per_token(cfg, torch.bfloat16) == GPT(cfg).to(torch.bfloat16).new_cache(1, 1).nbytes
+
+
+def test_latent_cache_is_smaller_than_gqa_at_the_default_shape():
+    default = GPTConfig()  # d_model 256, 4 heads of 64, 4 layers
+    per_layer = {
+        "mha": (default, 2 * 4 * 64),
+        "gqa 2": (replace(default, n_kv_head=2), 2 * 2 * 64),
+        "mla 64": (replace(default, mla_latent=64), 64),
+        "mla 64 + rope key": (replace(default, mla_latent=64, pos_encoding="rope"), 64 + 32),
+    }
+    for name, (cfg, numbers) in per_layer.items():
+        assert kv_bytes_per_token(cfg, torch.bfloat16) == 4 * numbers * 2, name
+
+
+@pytest.mark.parametrize("knobs", [{"attn_diff": True}, {"mla_latent": 16}])
+def test_gpt2_export_refuses_differential_and_latent_attention_in_one_line(knobs):
+    pytest.importorskip("transformers")
+    from interop.hf_model import to_hf_gpt2
+
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=24, n_layer=2, n_head=4, d_model=48, bias=True, **knobs))
+    extra = "differential.lq1" if "attn_diff" in knobs else "kv_up_proj.weight"
+    with pytest.raises(ValueError, match=rf"^the model cannot be exported to GPT-2: GPT-2 has no tensor for .*{extra}"):
+        to_hf_gpt2(model)
+
+
+@pytest.mark.parametrize("field,value", [("attn_diff", True), ("mla_latent", 16)])
+def test_resume_refuses_a_checkpoint_without_the_same_attention(field, value):
+    saved = asdict(GPTConfig())
+    with pytest.raises(ValueError, match=rf"has model\.{field}=.* but this run has model\.{field}={value!r}; resume"):
+        check_same_model(saved, {**saved, field: value}, "checkpoint 'x'")
