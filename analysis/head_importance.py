@@ -3,7 +3,8 @@
 For a trained GPT and a fixed set of validation windows:
 - the loss change when each head alone is masked (its gate set to 0, analysis/head_mask.py);
 - the paper's importance score I_h = E_x |d loss / d gate_h| at gates of ones, averaged over
-  batches and normalised per layer by its L2 norm (the paper's layer-wise normalisation);
+  batches and normalised per layer by its L2 norm (the paper's layer-wise normalisation)
+  (head_scores gives both: the numbers of the one-checkpoint report and of head importance over training);
 - a greedy pruning curve: heads removed cumulatively in increasing order of importance;
 - what each head looks at, from the explicit attention weights: mean entropy of its rows, mass on
   the first position (an "attention sink"), and mean weight on the previous token (t - 1).
@@ -83,6 +84,20 @@ def gradient_importance(model: GPT, batches: Batches) -> tuple[Tensor, Tensor]:
     raw = scores / len(batches)
     norm = raw.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (L, 1)
     return raw, raw / norm
+
+
+def head_scores(model: GPT, batches: Batches) -> dict[str, float | list[list[float]]]:
+    """Both measures of every head on `batches`, as plain lists (layer-major): the loss with every head on
+    (base_loss), its change with each head alone masked (delta_loss), and the paper's score (importance,
+    per-layer normalised; importance_raw)."""
+    base, delta = single_head_effects(model, batches)
+    raw, importance = gradient_importance(model, batches)
+    return {
+        "base_loss": base,
+        "delta_loss": delta.tolist(),
+        "importance": importance.tolist(),
+        "importance_raw": raw.tolist(),
+    }
 
 
 def pruning_curve(model: GPT, batches: Batches, importance: Tensor) -> list[tuple[float, float]]:

@@ -3,7 +3,10 @@
 Each layer's heads are concatenated along the last dim of the input of its output projection W_O, so
 a gate per (layer, head) multiplied into that input removes a head from the residual stream exactly as
 zeroing its d_k columns of W_O would. The gates are a tensor: with requires_grad, d loss / d gate is
-the paper's importance score. Hooks, not model code, so every backend and variant is covered as is.
+the paper's importance score. Hooks, not model code, so every backend and variant is covered as is:
+gated attention, sinks, sliding windows, the soft cap and value embeddings all act on a head's output
+before W_O reads it, so a zero there removes the head whatever they did (tests/unit/test_lab_variants.py
+checks each against zeroed columns of W_O).
 """
 
 import contextlib

@@ -8,6 +8,7 @@ import contextlib
 import re
 import reprlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,13 +119,14 @@ def attention(session: LabSession, body: dict) -> dict:
     idx = session.encode(text(body, "prompt"))
     layer = optional(body, "layer", integer, 0)
     with session.lock:
-        weights = attention_layer(session.model, idx, 0 if layer is None else layer)  # (H, T, T)
+        weights, variant = attention_layer(session.model, idx, 0 if layer is None else layer)  # (H, T, T)
     return {
         "tokens": session.token_texts(idx),
         "labels": [token_label(t) for t in session.token_texts(idx)],
         "layer": layer,
         "shape": list(weights.shape),
         "weights": float32_base64(weights),
+        **variant,  # window, softcap, sink_share, gate, gate_mean, value_gate_mean: None where the model has none
     }
 
 
@@ -179,11 +181,22 @@ def load(session: LabSession, body: dict) -> dict:
     return session.info()
 
 
-def run_view(session: LabSession, body: dict) -> dict:
-    path = text(body, "path").strip() or (str(session.run_dir) if session.run_dir else "")  # as load reads it
+def run_path(session: LabSession, body: dict, wanted: str) -> Path:
+    """body's path as load reads it, else the loaded model's run; refused outside the lab's root."""
+    path = text(body, "path").strip() or (str(session.run_dir) if session.run_dir else "")
     if not path:
-        raise ValueError("give a run directory or a sweep directory")
-    return runs.view(session.inside_root(path))
+        raise ValueError(f"give {wanted}")
+    return session.inside_root(path)
+
+
+def run_view(session: LabSession, body: dict) -> dict:
+    return runs.view(run_path(session, body, "a run directory or a sweep directory"))
+
+
+def run_head_importance(session: LabSession, body: dict) -> dict:
+    """A run's head importance at each step checkpoint, as `scripts/head_importance.py RUN --over-training`
+    wrote it (read, not measured: measuring every checkpoint of a long run takes minutes)."""
+    return runs.head_importance(run_path(session, body, "a run directory"))
 
 
 ROUTES = {
@@ -192,4 +205,5 @@ ROUTES = {
     "/api/intervene": intervene,
     "/api/load": load,
     "/api/runs": run_view,
+    "/api/runs/head_importance": run_head_importance,
 }

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from analysis.attention import attention_maps
+from analysis.attention import attention_walk
 from analysis.head_importance import masked_loss
 from analysis.head_mask import head_gates
 from model import GPT
@@ -52,13 +52,30 @@ def next_token_top(model: GPT, idx: Tensor, k: int = 10, gates: Tensor | None = 
     return [(int(i), float(p)) for i, p in zip(top.indices, top.values, strict=True)]
 
 
-def attention_layer(model: GPT, idx: Tensor, layer: int) -> Tensor:
-    """Layer `layer`'s weights (n_head, T, T) for idx (T,): row = query position, column = key."""
+def attention_layer(model: GPT, idx: Tensor, layer: int) -> tuple[Tensor, dict]:
+    """Layer `layer`'s weights (n_head, T, T) for idx (T,), row = query position, column = key, and what the
+    layer's variant changes, as JSON: its window (keys a query sees, None: all), each query's weight the sink
+    took (n_head lists of T), the output gate per head and per token (and its mean over the prompt's tokens),
+    and the value-embedding gate's mean per key/value head; None where the model has no such variant."""
     check_length(model, idx)
     if not 0 <= layer < model.config.n_layer:
         raise ValueError(f"layer {layer} does not exist; the model has layers 0..{model.config.n_layer - 1}")
-    weights, _ = attention_maps(model, idx)  # (n_layer, n_head, T, T)
-    return weights[layer]
+    walk = attention_walk(model, idx)
+
+    def listed(readings: Tensor | None, mean: bool = False) -> list | None:
+        if readings is None:
+            return None
+        return (readings[layer].mean(-1) if mean else readings[layer]).float().tolist()
+
+    variant = {
+        "window": walk.windows[layer],
+        "softcap": model.config.attn_softcap,
+        "sink_share": listed(walk.sink_share),
+        "gate": listed(walk.output_gates),
+        "gate_mean": listed(walk.output_gates, mean=True),
+        "value_gate_mean": listed(walk.value_gates, mean=True),
+    }
+    return walk.weights[layer], variant
 
 
 def float32_base64(t: Tensor) -> str:

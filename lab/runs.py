@@ -1,4 +1,5 @@
-"""The Runs tab's data: a run's loss curves from metrics.jsonl, and for a sweep its ablation table.
+"""The Runs tab's data: a run's loss curves from metrics.jsonl and its head importance over training (what
+`scripts/head_importance.py RUN --over-training` wrote), and for a sweep its ablation table.
 
 The sweep reading and the table are analysis/sweep.py's and analysis/report.py's (the same table
 `scripts/ablation_report.py` writes), called here only, through their public functions: the page
@@ -9,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from analysis import report, sweep
+from analysis import importance_over_training, report, sweep
 from rundir.files import METRICS
 
 CURVE_KEYS = ("train/loss", "val/loss")
@@ -81,3 +82,13 @@ def view(path: str | Path) -> dict[str, Any]:
         ],
         **sweep_tables(root, found),
     }
+
+
+def head_importance(run_dir: Path) -> dict[str, Any]:
+    """Each head's two importances at every step checkpoint of a run, with the measures' titles; a run
+    without the file gets FileNotFoundError naming the command that writes it."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    results = importance_over_training.read_importance_over_training(run_dir)
+    shown = ("steps", "checkpoints", "shape", "tokens", "data", "base_loss", *importance_over_training.MEASURES)
+    return {"path": str(run_dir), "measures": importance_over_training.MEASURES, **{k: results[k] for k in shown}}

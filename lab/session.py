@@ -107,4 +107,5 @@ class LabSession:
             "d_k": c.head_dim,
             "block_size": c.block_size,
             "params": self.model.num_params(),
+            "windows": [c.layer_window(layer) for layer in range(c.n_layer)],  # sliding window per layer, None: all
         }

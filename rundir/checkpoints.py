@@ -59,9 +59,9 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 class CheckpointDir:
-    """`step_0000500.safetensors`, ... (the newest `keep_last`) and `best.safetensors`."""
+    """`step_0000500.safetensors`, ... (the newest `keep_last`, or every one for None) and `best.safetensors`."""
 
-    def __init__(self, directory: Path, keep_last: int = 2) -> None:
+    def __init__(self, directory: Path, keep_last: int | None = 2) -> None:
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.owned: set[str] = set()  # file names this run may delete
@@ -199,6 +199,8 @@ class CheckpointDir:
             if e.errno not in NO_SPACE:
                 raise
             raise OSError(e.errno, f"{e.strerror}; {self.after_no_space()}") from None
+        if self.keep_last is None:  # every step checkpoint kept: head importance over training reads them all
+            return path
         owned_steps = [p for p in self.step_checkpoints() if p.name in self.owned and not p.is_symlink()]
         for old in owned_steps[: -self.keep_last]:
             old.unlink()

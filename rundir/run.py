@@ -42,7 +42,7 @@ class Run:
     """One run's directory, RUN/. Nothing in it is written before `start`, which the loop calls once every
     check has passed; until then a refused run leaves no trace (`release(discard=True)`)."""
 
-    def __init__(self, out_dir: str | Path, keep_last: int = 2) -> None:
+    def __init__(self, out_dir: str | Path, keep_last: int | None = 2) -> None:
         self.out_dir = Path(out_dir)
         self.lock = RunLock(self.out_dir)
         self.checkpoints = CheckpointDir(self.out_dir / "checkpoints", keep_last)

@@ -1,19 +1,25 @@
-"""Head importance of a checkpoint (Michel et al. 2019): a Markdown table and PNG plots.
+"""Head importance of a checkpoint (Michel et al. 2019): a Markdown table and PNG plots; or of every step
+checkpoint of a run, against the step (--over-training).
 
     python scripts/head_importance.py outputs/DATE/TIME [--out DIR] [--tokens 16384] [--device cpu]
     python scripts/head_importance.py path/to/best.safetensors --text some.txt
+    python scripts/head_importance.py outputs/DATE/TIME --over-training [--out DIR]
 
 A run directory means its checkpoints/best.safetensors. The loss is measured on fixed windows of
 block_size tokens: the first --tokens of the checkpoint's own validation split (its data config,
 prepared or reused from the cache), windows drawn with a fixed seed; or consecutive windows of
 --text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png
 (an existing one is replaced only with --force).
+
+--over-training measures the two importances (the loss change with a head alone masked, and the
+paper's |dL/dgate|) at every RUN/checkpoints/step_*.safetensors on the same windows, and writes
+head_importance_over_training.{json,csv,md,png} into RUN (or --out), where the lab's Runs tab finds
+them. A run keeps only its newest 2 step checkpoints unless trained with keep_last=null (every one).
 """
 
 import argparse
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -26,25 +32,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.head_importance import (
-    attention_stats,
-    gradient_importance,
-    pruning_curve,
-    single_head_effects,
-    uniform_entropy,
-)
+from analysis.fixed_windows import BATCH_SIZE, check_tokens_asked, val_windows
+from analysis.head_importance import attention_stats, head_scores, pruning_curve, uniform_entropy
+from analysis.importance_over_training import write_importance_over_training
 from analysis.outputs import check_out_dir, check_replaceable
-from analysis.trained import Trained, load_trained
+from analysis.trained import load_trained
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
-from data.batches import eval_batches
-from data.config import DataConfig
-from data.prepare import prepare
 from training.runtime import resolve_device
 
 log = logging.getLogger("head_importance")
-WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
-BATCH_SIZE = 8
 STATS_WINDOWS = 32  # attention statistics walk one window at a time: the first 32 windows are plenty
 OUTPUTS = ("head_importance.json", "head_heatmaps.png", "pruning_curve.png", "head_importance.md")
 PANELS = {  # key in the results -> heatmap title
@@ -56,64 +53,14 @@ PANELS = {  # key in the results -> heatmap title
 }
 
 
-def check_tokens(tokens: int, block_size: int, text: Path | None) -> None:
-    """--tokens must hold what one measurement is made of: a window of --text, a batch of validation windows
-    (whole batches are measured, so a request between two is rounded up, and the report gives the count)."""
-    unit = "one window" if text is not None else f"one batch of {BATCH_SIZE} windows"
-    least = block_size if text is not None else BATCH_SIZE * block_size
-    if tokens < least:
-        raise ValueError(f"--tokens {tokens} is less than {unit} of block_size {block_size}; give at least {least}")
-
-
-def read_text_file(text: Path) -> str:
-    if not text.is_file():
-        raise FileNotFoundError(f"--text {str(text)!r} does not exist")
-    try:
-        return text.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--text {str(text)!r} is not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
-
-
-def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple]:
-    """Fixed (inputs, targets) batches of about `tokens` tokens: --text's consecutive windows or val windows."""
-    block_size = trained.model.config.block_size
-    check_tokens(tokens, block_size, text)
-    if text is not None:
-        content = read_text_file(text)
-        ids = torch.tensor(trained.tokenizer.encode(content))
-        n = min(len(ids) - 1, tokens) // block_size
-        if n < 1:
-            raise ValueError(f"--text {str(text)!r} has {len(ids)} tokens; it needs more than block_size={block_size}")
-        windows = torch.stack([ids[i * block_size : (i + 1) * block_size + 1] for i in range(n)])  # (n, T+1)
-        return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
-    try:
-        data_cfg = DataConfig(**trained.meta["config"]["data"])
-    except (TypeError, KeyError) as e:  # a header that parses but does not fit the schema
-        raise ValueError(
-            f"checkpoint {str(trained.path)!r} has no usable data config in its header ({type(e).__name__}: {e}); "
-            "give --text FILE to measure on a text of your own"
-        ) from None
-    data = prepare(data_cfg, progress=False)
-    prepared = data.tokenizer_meta
-    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule rundir/run.py applies
-        # the same ids would mean other tokens: the numbers would be wrong, not an error
-        raise ValueError(
-            f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
-            f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
-        )
-    num_batches = max(1, math.ceil(tokens / (BATCH_SIZE * block_size)))
-    return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
-
-
 def analyse(target: Path, tokens: int, device: torch.device, text: Path | None) -> dict:
     """Every measurement, as plain lists (layer-major), with what was measured on."""
     trained = load_trained(target, device)
     model, c = trained.model, trained.model.config
     batches = val_windows(trained, tokens, text)
-    base, delta = single_head_effects(model, batches)
-    raw, importance = gradient_importance(model, batches)
+    scores = head_scores(model, batches)
     stats = attention_stats(model, [row for x, _ in batches for row in x][:STATS_WINDOWS])
-    curve = pruning_curve(model, batches, importance)
+    curve = pruning_curve(model, batches, torch.tensor(scores["importance"]))
     return {
         "checkpoint": str(trained.path),
         "step": trained.meta.get("step"),
@@ -121,10 +68,7 @@ def analyse(target: Path, tokens: int, device: torch.device, text: Path | None) 
         "tokens": sum(x.numel() for x, _ in batches),
         "block_size": c.block_size,
         "data": str(text) if text else "validation split",
-        "base_loss": base,
-        "delta_loss": delta.tolist(),
-        "importance": importance.tolist(),
-        "importance_raw": raw.tolist(),
+        **scores,  # base_loss, delta_loss, importance, importance_raw
         "entropy": stats.entropy.tolist(),
         "first_position": stats.first_position.tolist(),
         "previous_token": stats.previous_token.tolist(),
@@ -232,8 +176,7 @@ def markdown(results: dict) -> str:
 def write_head_importance(
     target: Path, out: Path, tokens: int, device: str, text: Path | None = None, force: bool = False
 ) -> Path:
-    if tokens < 1:
-        raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
+    check_tokens_asked(tokens)
     check_out_dir(out)
     for name in OUTPUTS:  # before measuring: a second run must not replace the first's report unasked
         check_replaceable(out / name, force)
@@ -249,7 +192,9 @@ def write_head_importance(
 def main() -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", type=Path, help="a .safetensors checkpoint, or a run directory")
-    parser.add_argument("--out", type=Path, default=Path("head_importance"), help="directory to write to")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="directory to write to (head_importance; RUN with --over-training)"
+    )
     parser.add_argument(
         "--tokens",
         type=int,
@@ -260,13 +205,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--text", type=Path, default=None, help="measure on this text file instead of val data")
     parser.add_argument("--force", action="store_true", help="replace the report files if --out holds them")
+    parser.add_argument(
+        "--over-training",
+        action="store_true",
+        help="target is a run directory: measure every step checkpoint and plot importance against the step",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        path = write_head_importance(args.target, args.out, args.tokens, args.device, args.text, args.force)
+        if args.over_training:
+            out, device = args.out or args.target, resolve_device(args.device)
+            paths = write_importance_over_training(args.target, out, args.tokens, device, args.text, args.force)
+        else:
+            out = args.out or Path("head_importance")
+            paths = [write_head_importance(args.target, out, args.tokens, args.device, args.text, args.force)]
     except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, a name too long)
         exit_with_error(e)
-    log.info("wrote %s", path)
+    for path in paths:
+        log.info("wrote %s", path)
 
 
 if __name__ == "__main__":

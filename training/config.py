@@ -42,7 +42,7 @@ class TrainConfig:
     out_dir: str | None = None  # train.py sets it to Hydra's run directory
     resume: str | None = None  # null | auto | path to a checkpoint
     overwrite: bool = False  # allow a fresh run in a directory that holds another run's checkpoints
-    keep_last: int = 2  # step checkpoints kept (plus best.safetensors)
+    keep_last: int | None = 2  # step checkpoints kept (plus best.safetensors); null keeps every one
     on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss or gradient does
     sample_tokens: int = 300  # printed after training; 0 skips
     sample_prompt: str = ""  # "": start as a new document does (after the end-of-text token)
@@ -52,9 +52,13 @@ class TrainConfig:
         """Checks only; the first bad value raises ValueError naming it and the rule."""
         for part in (self.model, self.data, self.optim, self.logger, self.distributed):
             part.validate()
-        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_batches", "log_interval", "keep_last"):
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_batches", "log_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; it must be >= 1")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError(
+                f"keep_last={self.keep_last} is invalid; it must be >= 1, or null to keep every step checkpoint"
+            )
         if self.max_steps is None and self.budget_s is None:
             raise ValueError("max_steps and budget_s are both null; give max_steps=N, budget_s=SECONDS or both")
         if self.max_steps is not None and self.max_steps < 1:

@@ -1,5 +1,7 @@
 // Attention tab: one layer's weights (n_head, T, T) drawn as heatmaps on canvas, one head or all heads as small
 // multiples, plus a strip per head colouring every key token by how much the chosen query attends to it.
+// A variant's readings come with the weights: a sliding window's band (keys before it hatched like the
+// future), the sink's share of each row, and the gates (gated attention, value embeddings), one line per head.
 "use strict";
 
 const attn = { data: null, prompt: null, query: null, pinned: null };
@@ -24,6 +26,9 @@ function fmtWeight(w) { return w >= 1e-4 || w === 0 ? w.toFixed(6) : w.toExponen
 
 function weight(h, q, k) { const T = attn.data.shape[1]; return attn.data.weights[(h * T + q) * T + k]; }
 
+// Whether query q sees key k: an earlier key (or itself), and with a sliding window one of its last `window`.
+function visible(q, k) { const W = attn.data.window; return k <= q && (W === null || k > q - W); }
+
 function shownHeads() {
   const head = $("attn-head").value, H = attn.data.shape[0];
   return head === "all" ? [...Array(H).keys()] : [Number(head)];
@@ -36,6 +41,7 @@ function scale(heads) {
   let max = 0, minPositive = Infinity;
   // Query 0 can only attend to itself (weight 1): leave it out of the range, or it would flatten every map.
   for (const h of heads) for (let q = T > 1 ? 1 : 0; q < T; q++) for (let k = 0; k <= q; k++) {
+    if (!visible(q, k)) continue;
     const w = weight(h, q, k);
     max = Math.max(max, w);
     if (w > 0) minPositive = Math.min(minPositive, w);
@@ -65,6 +71,7 @@ function drawMap(canvas, h, sc, cell, margin) {
   ctx.scale(ratio, ratio);
   const pixels = new ImageData(T, T);
   for (let q = 0; q < T; q++) for (let k = 0; k <= q; k++) {
+    if (!visible(q, k)) continue;
     const [r, g, b] = colour(sc.at(weight(h, q, k))), o = 4 * (q * T + k);
     pixels.data.set([r, g, b, 255], o);
   }
@@ -77,6 +84,8 @@ function drawMap(canvas, h, sc, cell, margin) {
   ctx.beginPath(); ctx.moveTo(margin + cell, margin);
   for (let q = 0; q < T; q++) { ctx.lineTo(margin + (q + 1) * cell, margin + q * cell); ctx.lineTo(margin + (q + 1) * cell, margin + (q + 1) * cell); }
   ctx.lineTo(margin + T * cell, margin); ctx.closePath(); ctx.fill();
+  const W = attn.data.window;  // the band: keys before a query's window are masked too
+  if (W !== null) for (let q = W; q < T; q++) ctx.fillRect(margin, margin + q * cell, (q - W + 1) * cell, cell);
   if (margin) drawLabels(ctx, cell, margin);
 }
 
@@ -100,8 +109,10 @@ function cellAt(event, cell, margin) {
 
 function describe(h, q, k) {
   const L = attn.data.labels, head = `layer ${attn.data.layer}, head ${h}`;
-  const what = k > q ? "masked (a future token)" : `weight ${fmtWeight(weight(h, q, k))}`;
-  return `${head}\nquery ${q} “${L[q]}” → key ${k} “${L[k]}”\n${what}`;
+  const what = k > q ? "masked (a future token)" : !visible(q, k) ? `masked (before the window of ${attn.data.window})`
+    : `weight ${fmtWeight(weight(h, q, k))}`;
+  const sink = attn.data.sink_share ? `\nsink ${percentOf(attn.data.sink_share[h][q])} of the row` : "";
+  return `${head}\nquery ${q} “${L[q]}” → key ${k} “${L[k]}”\n${what}${sink}`;
 }
 
 function renderMaps() {
@@ -128,11 +139,50 @@ function renderMaps() {
     });
     const mark = el("div", { class: "row-mark" });
     mark.dataset.cell = String(cell); mark.dataset.margin = String(margin);
-    box.append(el("figure", { class: multiple ? "attn-map multiple" : "attn-map" },
+    const figure = el("figure", { class: multiple ? "attn-map multiple" : "attn-map" },
       el("figcaption", { text: `layer ${attn.data.layer} · head ${h}${multiple ? " (click to open)" : ""}` }),
-      el("div", { class: "map-box" }, canvas, mark)));
+      el("div", { class: "map-box" }, canvas, mark));
+    const line = variantLine(h);
+    if (line) figure.append(line);
+    box.append(figure);
   }
   renderLegend(sc);
+}
+
+function percentOf(share) { return `${(100 * share).toFixed(1)}%`; }
+
+function mean(values) { return values.reduce((a, b) => a + b, 0) / values.length; }
+
+// The variant's readings for head h under its map: the sink's mean share of a row's weight over the prompt's
+// queries, the output gate's mean over its tokens, and the gate of the value embeddings its key/value head reads.
+function variantLine(h) {
+  const d = attn.data, parts = [], line = el("div", { class: "variant-line", "data-head": String(h) });
+  if (d.sink_share) {
+    const share = mean(d.sink_share[h]);
+    line.dataset.sink = String(share);
+    parts.push(`sink ${percentOf(share)}`);
+  }
+  if (d.gate_mean) { line.dataset.gate = String(d.gate_mean[h]); parts.push(`gate ${d.gate_mean[h].toFixed(2)}`); }
+  if (d.value_gate_mean) {
+    const g = Math.floor(h * d.value_gate_mean.length / d.shape[0]);  // query head h reads key/value head g
+    line.dataset.valueGate = String(d.value_gate_mean[g]);
+    parts.push(`value gate ${d.value_gate_mean[g].toFixed(2)} (kv head ${g})`);
+  }
+  if (!parts.length) return null;
+  line.textContent = parts.join(" · ");
+  line.title = "means over the prompt: the sink's share of a query's weight (1 − the row's sum), sigmoid(x W_gate), "
+    + "the value embeddings' 2 sigmoid(x W_ve_gate)";
+  return line;
+}
+
+// The chosen query's own sink share and gate, at the end of head h's strip; null for a model without them.
+function queryReadings(h, q) {
+  const d = attn.data, parts = [], span = el("span", { class: "query-readings" });
+  if (d.sink_share) { span.dataset.sink = String(d.sink_share[h][q]); parts.push(`sink ${percentOf(d.sink_share[h][q])}`); }
+  if (d.gate) { span.dataset.gate = String(d.gate[h][q]); parts.push(`gate ${d.gate[h][q].toFixed(2)}`); }
+  if (!parts.length) return null;
+  span.textContent = parts.join(" · ");
+  return span;
 }
 
 function renderLegend(sc) {
@@ -155,6 +205,9 @@ function renderStrips() {
     attn.data.labels.forEach((label, k) => {
       const tok = el("span", { class: "tok", "data-key": String(k), text: label });
       if (k > q) { tok.classList.add("future"); tok.title = `key ${k} “${label}”: masked (future)`; }
+      else if (!visible(q, k)) {
+        tok.classList.add("future", "outside"); tok.title = `key ${k} “${label}”: masked (before the window)`;
+      }
       else {
         const w = weight(h, q, k), [r, g, b] = colour(sc.at(w));
         tok.style.background = `rgb(${r},${g},${b})`;
@@ -167,6 +220,8 @@ function renderStrips() {
       tok.addEventListener("click", () => setQuery(k, true));
       strip.append(tok);
     });
+    const here = queryReadings(h, q);
+    if (here) strip.append(here);
     strip.addEventListener("mouseleave", () => setQuery(attn.pinned, false));
     box.append(strip);
   }
@@ -201,7 +256,10 @@ async function fetchAttention() {
   attn.data = data; attn.prompt = text;
   if (attn.pinned !== null && attn.pinned >= T) attn.pinned = null;
   attn.query = attn.pinned ?? T - 1;
-  $("attn-status").textContent = `${T} tokens · layer ${data.layer} · ${((performance.now() - started) / 1000).toFixed(2)} s`;
+  const band = data.window === null ? "" : ` · window ${data.window}`;
+  const cap = data.softcap === null ? "" : ` · soft-cap ${data.softcap}`;
+  const seconds = ((performance.now() - started) / 1000).toFixed(2);
+  $("attn-status").textContent = `${T} tokens · layer ${data.layer}${band}${cap} · ${seconds} s`;
   renderAll();
 }
 
@@ -213,6 +271,7 @@ function fillSelect(select, n, extra) {
 
 document.addEventListener("lab:model", (event) => {
   fillSelect($("attn-layer"), event.detail.n_layer);
+  (event.detail.windows || []).forEach((W, l) => { if (W !== null) $("attn-layer").options[l].text = `${l} (window ${W})`; });
   fillSelect($("attn-head"), event.detail.n_head, "all");
   attn.data = null; attn.pinned = null; attn.prompt = null;
   $("attn-maps").innerHTML = ""; $("attn-strips").innerHTML = "";

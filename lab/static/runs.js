@@ -1,5 +1,6 @@
 // Runs tab: a run's train/val loss against step, or every run of a sweep (val loss), drawn in SVG; for a sweep
-// also the ablation table from analysis/report.py and the runs that did not complete.
+// also the ablation table from analysis/report.py and the runs that did not complete; for a run its head
+// importance over training, where `scripts/head_importance.py RUN --over-training` has written it.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -64,6 +65,45 @@ function dataTable(table, caption) {
   return node;
 }
 
+// One measure at every step checkpoint: heads as rows, steps as columns, each cell shaded by its value
+// between the table's smallest (light) and largest (dark).
+function importanceTable(result, key) {
+  const grids = result[key], values = grids.flat(2), lo = Math.min(...values), hi = Math.max(...values);
+  const node = el("table", { class: "data", "data-measure": key });
+  node.append(el("caption", { class: "hint", text: result.measures[key] }));
+  node.append(el("tr", {}, el("th", { text: "head \\ step" }), ...result.steps.map((s) => el("th", { text: String(s) }))));
+  for (let i = 0; i < result.shape.n_layer; i++) {
+    for (let j = 0; j < result.shape.n_head; j++) {
+      const cells = grids.map((grid, s) => {
+        const value = grid[i][j], share = hi > lo ? (value - lo) / (hi - lo) : 0;
+        const cell = el("td", { text: value.toFixed(4), title: `layer ${i} head ${j}, step ${result.steps[s]}` });
+        cell.style.background = `rgba(47, 91, 211, ${(0.06 + 0.74 * share).toFixed(3)})`;
+        if (share > 0.55) cell.style.color = "#fff";
+        return cell;
+      });
+      node.append(el("tr", {}, el("th", { text: `layer ${i} head ${j}` }), ...cells));
+    }
+  }
+  return node;
+}
+
+let shownRun = 0;  // the newest Open: an older request's answer, arriving late, is dropped
+
+async function renderHeadImportance(path, into) {
+  const asked = ++shownRun, section = el("div", { id: "runs-importance" });
+  section.append(el("h3", { class: "sub", text: "Head importance over training (Michel et al. 2019)" }));
+  let result;
+  try { result = await api("/api/runs/head_importance", { path }); } catch (e) { result = { missing: e.message }; }
+  if (asked !== shownRun) return;
+  if (result.missing) section.append(el("p", { class: "hint", text: result.missing }));
+  else {
+    section.append(el("p", { class: "hint", text: `${result.steps.length} step checkpoints, each measured on the `
+      + `same ${result.tokens} tokens of the ${result.data}.` }));
+    for (const key of Object.keys(result.measures)) section.append(importanceTable(result, key));
+  }
+  into.append(section);
+}
+
 function renderRuns(view) {
   const chart = $("runs-chart"), tables = $("runs-tables");
   chart.innerHTML = ""; tables.innerHTML = "";
@@ -86,6 +126,8 @@ function renderRuns(view) {
     if (view.unfinished.rows.length) tables.append(dataTable(view.unfinished));
   }
   $("runs-status").textContent = `${view.kind === "run" ? "run" : `sweep of ${view.runs.length} runs`}: ${view.path}`;
+  if (view.kind === "run") renderHeadImportance(view.path, tables);
+  else shownRun++;
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -1,18 +1,22 @@
 """The lab page driven in headless Chromium: it loads, samples, shows the right attention row for the
-chosen layer and head, shows the loss of a head switched off exactly as head_gates computes it, and
-shows errors as a message while the server keeps answering."""
+chosen layer and head (and a variant's window and sink share), shows the loss of a head switched off exactly
+as head_gates computes it, and shows errors as a message while the server keeps answering."""
 
 import re
 import signal
+import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis.attention import attention_maps
+from analysis.attention import attention_maps, attention_walk
 from analysis.head_mask import gates_without, head_gates
 from generation.generate import SamplingParams, generate
+from lab.server import make_server, url_of
+from lab.session import LabSession
 from tests.unit.test_lab import start_lab
+from tests.unit.test_lab_variants import SINKS_AND_WINDOW, variant_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "the king is not what"
@@ -275,3 +279,47 @@ def test_a_prompt_edited_while_compare_runs_does_not_relabel_the_result(page):
     fill_prompt(page, "edited meanwhile")
     page.wait_for_selector("#col-ablated .output", timeout=30_000)
     assert page.locator("#col-full .prompt-text").inner_text() == PROMPT
+
+
+def test_a_model_with_sinks_and_a_window_shows_the_sink_share_and_the_windows_band(browser, tmp_path):
+    """The attention tab of a variant model: the window named per layer and its band masked (the keys before
+    it hatched like the future), and each head's line 'sink 23.4%', its share of the weight as the walk reads it."""
+    session = LabSession(variant_checkpoint(tmp_path / "sinks.safetensors", **SINKS_AND_WINDOW))
+    server = make_server(session)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    page, errors = browser.new_page(viewport={"width": 1280, "height": 900}), []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(url_of(server))
+        page.wait_for_selector("#model-info b")
+        assert page.locator("#attn-layer option").all_inner_texts() == ["0 (window 4)", "1"]
+        fill_prompt(page, PROMPT)
+        page.click("button[data-tab=attention]")
+        page.wait_for_selector("#attn-status:has-text('layer 0 · window 4')")
+        walk = attention_walk(session.model, session.encode(PROMPT))
+        query, head = 7, 3
+        page.select_option("#attn-head", str(head))
+        line = page.wait_for_selector(f"#attn-maps .variant-line[data-head='{head}']")
+        share = walk.sink_share[0, head]  # (T,)
+        assert line.inner_text() == f"sink {100 * float(share.mean()):.1f}%"
+        strip = page.locator(f"#attn-strips .strip[data-head='{head}']")
+        strip.locator(f".tok[data-key='{query}']").click()
+        page.wait_for_selector(f"#attn-strips .strip[data-head='{head}'] .tok.query[data-key='{query}']")
+        outside = [k for k in range(query) if "outside" in (strip.locator(".tok").nth(k).get_attribute("class"))]
+        assert outside == [0, 1, 2, 3], "query 7 sees keys 4..7 only"
+        shown = [float(strip.locator(".tok").nth(k).get_attribute("data-weight")) for k in range(4, query + 1)]
+        reading = float(strip.locator(".query-readings").get_attribute("data-sink"))
+        assert reading == pytest.approx(float(share[query]), abs=1e-6)
+        assert sum(shown) + reading == pytest.approx(1.0, abs=1e-5), "the window's weights and the sink make the row"
+        assert "masked (before the window of 4)" in hovered_readout(page, head, query, 2)
+        page.select_option("#attn-layer", "1")
+        page.wait_for_selector("#attn-status:has-text('layer 1')")
+        assert "window" not in page.inner_text("#attn-status")
+        assert page.locator("#attn-strips .tok.outside").count() == 0
+        line = page.wait_for_selector(f"#attn-maps .variant-line[data-head='{head}']")
+        assert line.inner_text() == f"sink {100 * float(walk.sink_share[1, head].mean()):.1f}%"
+    finally:
+        page.close()
+        server.shutdown()
+        server.server_close()
+    assert not errors, f"JavaScript errors on the page: {errors}"

@@ -1,20 +1,28 @@
-"""scripts/head_importance.py on a real tiny run: table, JSON and plots; bad targets are one error line."""
+"""scripts/head_importance.py on a real tiny run: table, JSON and plots, for one checkpoint and over training
+(every step checkpoint of a run trained with keep_last=null); bad targets are one error line."""
 
 import json
 import re
+import shutil
 
 import pytest
+import torch
 
+from analysis.importance_over_training import OUTPUTS, write_importance_over_training
 from analysis.trained import load_model
+from lab import api
+from lab.session import LabSession
 from rundir.checkpoint import save_checkpoint
 from scripts.head_importance import write_head_importance
 from tests.helpers import ROOT, run_cli, run_train
+
+STEPS = [5, 10, 15, 20]  # +debug=tiny's 20 steps, a checkpoint every 5
 
 
 @pytest.fixture(scope="module")
 def tiny_run(shared_corpus_overrides, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    run_train([*shared_corpus_overrides, f"out_dir={out}", "sample_tokens=0"])
+    run_train([*shared_corpus_overrides, f"out_dir={out}", "sample_tokens=0", "eval_interval=5", "keep_last=null"])
     return out
 
 
@@ -47,10 +55,13 @@ def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
         (["nowhere"], "error: run directory 'nowhere' holds no checkpoint (no checkpoints/best.safetensors"),
         (["RUN", "--tokens", "0"], "error: --tokens 0 is invalid; it must be >= 1"),
         (["RUN", "--text", "missing.txt"], "error: --text 'missing.txt' does not exist"),
+        (["nowhere", "--over-training"], "error: 'nowhere' is not a run directory (it has no checkpoints/)"),
+        (["BEST", "--over-training"], "error: run directory 'BEST' is a file; --over-training takes a run directory"),
     ],
 )
 def test_bad_targets_are_one_error_line_and_write_nothing(tiny_run, tmp_path, args, message):
-    args = [str(tiny_run) if a == "RUN" else a for a in args]
+    named = {"RUN": str(tiny_run), "BEST": str(tiny_run / "checkpoints" / "best.safetensors")}
+    args, message = [named.get(a, a) for a in args], message.replace("BEST", named["BEST"])
     (tmp_path / "nowhere").mkdir()  # a directory without checkpoints
     done = run_cli([str(ROOT / "scripts" / "head_importance.py"), *args, "--out", "hi"], cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
@@ -95,3 +106,36 @@ def test_a_header_whose_data_config_does_not_build_is_one_line(tiny_run, tmp_pat
     with pytest.raises(ValueError, match=r"odd.safetensors' has no usable data config in its header .* give --text"):
         write_head_importance(odd, tmp_path / "hi", tokens=256, device="cpu")
     assert not (tmp_path / "hi").exists()
+
+
+def test_keep_last_null_keeps_every_step_checkpoint(tiny_run):
+    names = sorted(p.name for p in (tiny_run / "checkpoints").iterdir())
+    assert names == ["best.safetensors", *(f"step_{s:07d}.safetensors" for s in STEPS)]
+
+
+def test_over_training_gives_each_checkpoint_the_numbers_of_the_one_checkpoint_report(tiny_run, tmp_path):
+    with pytest.raises(ValueError, match=r"^--tokens 0 is invalid; it must be >= 1$"):
+        write_importance_over_training(tiny_run, tmp_path / "over", tokens=0, device=torch.device("cpu"))
+    over = write_importance_over_training(tiny_run, tmp_path / "over", tokens=256, device=torch.device("cpu"))
+    results = json.loads(over[0].read_text())
+    assert results["steps"] == STEPS and over[1].read_text().count("\n") == 1 + len(STEPS)  # header + a row each
+    for i, step in enumerate(STEPS):
+        ckpt = tiny_run / "checkpoints" / f"step_{step:07d}.safetensors"
+        report = write_head_importance(ckpt, tmp_path / f"one_{step}", tokens=256, device="cpu")
+        single = json.loads((report.parent / "head_importance.json").read_text())
+        assert single["step"] == step and single["tokens"] == results["tokens"]
+        for key in ("base_loss", "delta_loss", "importance", "importance_raw"):
+            assert results[key][i] == single[key], (step, key)
+    assert len(set(results["base_loss"])) == len(STEPS)
+
+
+def test_one_command_writes_into_the_run_and_the_lab_shows_it(tiny_run, tmp_path):
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    done = run_cli([str(ROOT / "scripts" / "head_importance.py"), str(run), "--over-training", "--tokens", "256"])
+    assert done.returncode == 0, done.stderr
+    for name in OUTPUTS:
+        assert f"wrote {run / name}" in done.stderr
+    written = json.loads((run / OUTPUTS[0]).read_text())
+    shown = api.run_head_importance(LabSession(run), {"path": str(run)})
+    assert shown["steps"] == STEPS and shown["checkpoints"] == written["checkpoints"]
+    assert shown["delta_loss"] == written["delta_loss"] and shown["importance"] == written["importance"]

@@ -1,0 +1,73 @@
+"""The fixed windows a checkpoint's heads are measured on (scripts/head_importance.py, one checkpoint or
+every checkpoint of a run): the first --tokens of the checkpoint's own validation split (its data config,
+prepared or reused from the cache), windows drawn with a fixed seed; or consecutive windows of a text file.
+The same call gives the same windows, so checkpoints of one run are compared on the same tokens."""
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from analysis.trained import Trained
+from data.batches import eval_batches
+from data.config import DataConfig
+from data.prepare import prepare
+
+WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
+BATCH_SIZE = 8
+
+
+def check_tokens_asked(tokens: int) -> None:
+    """Before anything is loaded: a count of tokens to measure on is at least 1."""
+    if tokens < 1:
+        raise ValueError(f"--tokens {tokens} is invalid; it must be >= 1")
+
+
+def check_tokens(tokens: int, block_size: int, text: Path | None) -> None:
+    """--tokens must hold what one measurement is made of: a window of --text, a batch of validation windows
+    (whole batches are measured, so a request between two is rounded up, and the report gives the count)."""
+    unit = "one window" if text is not None else f"one batch of {BATCH_SIZE} windows"
+    least = block_size if text is not None else BATCH_SIZE * block_size
+    if tokens < least:
+        raise ValueError(f"--tokens {tokens} is less than {unit} of block_size {block_size}; give at least {least}")
+
+
+def read_text_file(text: Path) -> str:
+    if not text.is_file():
+        raise FileNotFoundError(f"--text {str(text)!r} does not exist")
+    try:
+        return text.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text {str(text)!r} is not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
+
+
+def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple[Tensor, Tensor]]:
+    """Fixed (inputs, targets) batches of about `tokens` tokens: --text's consecutive windows or val windows."""
+    block_size = trained.model.config.block_size
+    check_tokens(tokens, block_size, text)
+    if text is not None:
+        content = read_text_file(text)
+        ids = torch.tensor(trained.tokenizer.encode(content))
+        n = min(len(ids) - 1, tokens) // block_size
+        if n < 1:
+            raise ValueError(f"--text {str(text)!r} has {len(ids)} tokens; it needs more than block_size={block_size}")
+        windows = torch.stack([ids[i * block_size : (i + 1) * block_size + 1] for i in range(n)])  # (n, T+1)
+        return [(w[:, :-1], w[:, 1:]) for w in windows.split(BATCH_SIZE)]
+    try:
+        data_cfg = DataConfig(**trained.meta["config"]["data"])
+    except (TypeError, KeyError) as e:  # a header that parses but does not fit the schema
+        raise ValueError(
+            f"checkpoint {str(trained.path)!r} has no usable data config in its header ({type(e).__name__}: {e}); "
+            "give --text FILE to measure on a text of your own"
+        ) from None
+    data = prepare(data_cfg, progress=False)
+    prepared = data.tokenizer_meta
+    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule rundir/run.py applies
+        # the same ids would mean other tokens: the numbers would be wrong, not an error
+        raise ValueError(
+            f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
+            f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
+        )
+    num_batches = max(1, math.ceil(tokens / (BATCH_SIZE * block_size)))
+    return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)
