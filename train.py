@@ -27,6 +27,7 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
 
     from cli import train_output as cli
     from cli.config import composition_error, register_configs, to_train_config
+    from cli.sweep_jobs import JOB_FILE, JobFailed, run_job_file
     from rundir.records import log_to_file
     from studies.fairness import resolve_budget
     from training import distributed
@@ -34,7 +35,7 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     from training.setup import train
 
 log = logging.getLogger("train")
-USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
+USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed, JobFailed)
 register_configs()
 
 
@@ -98,6 +99,8 @@ if __name__ == "__main__":
     sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
     try:
+        if job_file := os.environ.pop(JOB_FILE, None):  # one job of a sweep the parallel launcher runs
+            sys.exit(run_job_file(Path(job_file), main))
         sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
         main()
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one

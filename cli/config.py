@@ -128,6 +128,8 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
         unknown = unknown_keys(cfg, StudyRunConfig)
         if unknown:
             raise ValueError(unknown_key_error(unknown))
+        if OmegaConf.get_type(cfg) is not StudyRunConfig:  # a sweep job's YAML (cli/sweep_jobs.py): typed again here
+            cfg = OmegaConf.merge(OmegaConf.structured(StudyRunConfig), cfg)
         cfg = OmegaConf.to_object(cfg)
     cfg.validate()
     return cfg

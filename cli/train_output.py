@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
+from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
 from rundir.files import RunDirInUse, live_run_in
 from training.config import TrainConfig
@@ -263,27 +264,32 @@ class SweepHint(Callback):
     """After a multirun: the sweep folder and the report command. Hydra calls `on_multirun_end` only when
     every job succeeded; when one failed it raises that job's error once all have run, and train.py
     prints `sweep_hint(**SweepHint.sweep, failed=True)` before it. A paper's recipe names its report
-    section (`hydra.callbacks.sweep_hint.paper`), so the printed command is the one to paste."""
+    section and reference cell (`hydra.callbacks.sweep_hint.paper`, `.reference`), so the printed command
+    is the one to paste."""
 
     sweep: ClassVar[dict[str, str | None]] = {}  # the running sweep's sweep_hint arguments, set when it starts
 
-    def __init__(self, paper: str | None = None) -> None:
-        self.paper = paper
-        self.jobs, self.started = 0, 0.0  # set when a multirun starts; a single run has no jobs
+    def __init__(self, paper: str | None = None, reference: str | None = None) -> None:
+        self.paper, self.reference = paper, reference
+        self.jobs, self.at_a_time, self.started = 0, 1, 0.0  # set when a multirun starts; a single run has no jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper}
+        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper, "reference": self.reference}
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
         self.jobs, self.started = count_jobs([*config.hydra.overrides.task, *params]), time.perf_counter()
+        launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
+        self.at_a_time = jobs_at_a_time(launcher.get("jobs")) if "jobs" in launcher else 1
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """`job i of N`, and once a job has finished, the time the rest will take at the pace so far."""
+        """`job i of N`, and once a job has finished, the time the rest will take at the pace so far. Jobs run
+        `at_a_time` at once start as others finish; the ones still running count as half done."""
         if not self.jobs:  # a single run: Hydra calls this too, without a job number
             return
         done = int(config.hydra.job.num)
         eta = ""
-        if done:
-            left = (time.perf_counter() - self.started) / done * (self.jobs - done)
+        if done >= self.at_a_time:
+            finished = done - (self.at_a_time - 1) / 2
+            left = (time.perf_counter() - self.started) / finished * (self.jobs - finished)
             eta = f", about {left / 60:.0f} min left" if left >= 60 else f", about {left:.0f} s left"
         print(f"job {done + 1} of {self.jobs}: {config.hydra.job.override_dirname or 'defaults'}{eta}", file=sys.stderr)
 
@@ -302,12 +308,14 @@ def count_jobs(overrides: Sequence[str]) -> int:
     return jobs
 
 
-def sweep_hint(sweep_dir: str, paper: str | None = None, failed: bool = False) -> str:
-    """The folder and the report command, with the `--paper` section a paper's recipe names."""
+def sweep_hint(sweep_dir: str, paper: str | None = None, reference: str | None = None, failed: bool = False) -> str:
+    """The folder and the report command, with the `--paper` section and `--reference` cell a recipe names."""
     done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
     report = f"{python_command()} scripts/ablation_report.py {shlex.quote(sweep_dir)}"
     if paper:
         report += f" --paper {paper}"
+    if reference:
+        report += f" --reference {shlex.quote(reference)}"
     return f"{done}: {sweep_dir}\n  report: {report}"
 
 

@@ -152,7 +152,8 @@ def test_an_lr_multirun_reports_two_rows_and_its_crashed_run(tiny_run_overrides,
 
 @pytest.mark.slow
 def test_a_paper_recipe_runs_end_to_end_into_its_report(tiny_run_overrides, tmp_path):
-    """vaswani_a_cpu with a tiny override (2 head counts, 2 seeds, 4 steps) through the report's --paper section."""
+    """vaswani_a_cpu with a tiny override (2 head counts, 2 seeds, 4 steps), two jobs at a time as the recipe runs
+    them (tests/e2e/test_parallel_sweep.py), through the report's --paper section."""
     sweep = tmp_path / "sweep"
     data = [o for o in tiny_run_overrides if o.startswith("data.")]  # the generated corpus, not Shakespeare
     grid = 'hydra.sweeper.params={model.n_head:"1,4",seed:"0,1"}'
@@ -164,12 +165,12 @@ def test_a_paper_recipe_runs_end_to_end_into_its_report(tiny_run_overrides, tmp_
         "eval_interval=2",
         f"hydra.sweep.dir={sweep}",
     ]
-    done = run_cli([*args, grid], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_cli([*args, grid])
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["h1_s0", "h1_s1", "h4_s0", "h4_s1"]
-    # the closing hint names the paper section, so the command as printed is the one to paste
+    # the closing hint names the paper section and reference cell, so the command as printed is the one to paste
     hint = done.stderr.strip().splitlines()[-1]
-    assert hint == f"  report: python scripts/ablation_report.py {sweep} --paper vaswani_a", hint
+    assert hint == f"  report: python scripts/ablation_report.py {sweep} --paper vaswani_a --reference model.n_head=4"
     out = tmp_path / "report"
     done = run_cli([*shlex.split(hint.removeprefix("  report: python ")), "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]

@@ -12,7 +12,7 @@ from cli.config import register_configs, to_train_config
 from tests.helpers import CONFIG_DIR, compose_config
 
 RECIPES = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
-SINGLE_RUNS = ("nanogpt_baby", "bpe_budget")  # training recipes, not sweeps (tests/unit/test_knobs.py)
+SINGLE_RUNS = ("nanogpt_baby", "bpe_budget", "nanochat_cpu")  # training recipes, not sweeps (test_knobs.py)
 EXPERIMENTS = [name for name in RECIPES if name not in SINGLE_RUNS]
 PAPER_RECIPES = {"vaswani_a": "iso_param", "vaswani_b": "fixed_d_model", "bhojanapalli": "fixed_d_model"}
 PAPER_RECIPES["gqa"] = "fixed_d_model"
@@ -49,11 +49,11 @@ def test_every_point_of_every_recipe_validates(name, tmp_path):
 @pytest.mark.parametrize("paper,mode", list(PAPER_RECIPES.items()))
 def test_each_paper_has_a_cpu_and_a_gpu_recipe_with_its_report_command(paper, mode):
     assert paper in PAPERS
-    for name, cores in ((f"{paper}_cpu", "OMP_NUM_THREADS=1 "), (paper, "")):
+    for name in (f"{paper}_cpu", paper):
         cfg = compose_config([f"+experiment={name}", "out_dir=x"])
         assert cfg.fairness.mode == mode
         header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
-        assert f"#   {cores}python train.py +experiment={name}\n" in header
+        assert f"#   python train.py +experiment={name}\n" in header  # no OMP_NUM_THREADS=1: the launcher sets it
         assert f"scripts/ablation_report.py multirun/{name}/<date_time> --paper {paper}" in header
     cpu = compose_config([f"+experiment={paper}_cpu", "out_dir=x"])
     assert cpu.model.d_model <= 128 and cpu.model.n_layer == 2 and cpu.max_steps <= 1000
@@ -78,3 +78,67 @@ def test_the_iso_flop_budget_buys_the_default_model_the_steps_of_the_other_sweep
     steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
     fixed = compose_config(["+experiment=ablate_heads_dk", "out_dir=x"]).max_steps
     assert 0.9 * fixed <= steps <= 1.1 * fixed, steps
+
+
+def hydra_node(name: str):
+    """The recipe's `hydra` node as train.py composes it (launcher, callbacks, sweep)."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose("config", [f"+experiment={name}", "out_dir=x"], return_hydra_config=True).hydra
+
+
+PARALLEL = "hydra_plugins.attnlab_launcher.ParallelLauncher"
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_the_cpu_studies_run_two_jobs_at_a_time_on_one_thread_each(name):
+    # iso_time must own the cores its budget was timed on, and a GPU-sized recipe's jobs would share one device.
+    cpu_study = name.endswith(("_cpu", "_default")) or name == "noise_floor"
+    launcher = hydra_node(name).launcher
+    assert (launcher._target_ == PARALLEL) == cpu_study, launcher
+    if cpu_study:
+        assert launcher.jobs is None and launcher.threads == 1  # None: two, where there are two cores
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_a_recipes_header_gives_the_report_command_its_sweep_prints(name):
+    from cli.train_output import sweep_hint
+
+    hint = hydra_node(name).callbacks.sweep_hint
+    printed = sweep_hint("SWEEP", hint.get("paper"), hint.get("reference")).splitlines()[-1]
+    report = printed.removeprefix("  report: python ").replace("SWEEP", f"multirun/{name}/<date_time>")
+    header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
+    lines = [line.removeprefix("#   python ") for line in header.splitlines() if "scripts/ablation_report.py" in line]
+    assert lines or not hint.get("paper"), f"{name} names a paper section but its header gives no report command"
+    assert all(line.startswith(report) for line in lines), (report, lines)
+
+
+DEFAULT_SCALE = {  # recipe: (its paper section, its reference cell, the (n_head, d_k) grid issue #31 asks for)
+    "vaswani_a_default": ("vaswani_a", "model.n_head=4", {(h, 128 // h) for h in (1, 2, 4, 8, 16)}),
+    "vaswani_b_default": ("vaswani_b", "model.d_k=32", {(4, d_k) for d_k in (8, 16, 32, 64)}),
+    "bottleneck_default": ("bhojanapalli", "model.n_head=8,model.d_k=null", {(8, 16), (8, 32), (16, 8), (16, 32)}),
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_SCALE)
+def test_a_default_scale_study_trains_the_default_recipe_for_1000_steps_over_its_grid(name):
+    import dataclasses
+
+    from analysis.papers import check_swept_keys
+
+    paper, reference, grid = DEFAULT_SCALE[name]
+    _, points, configs = sweep_points(name)
+    default = to_train_config(compose_config(["out_dir=x"]))
+    for cfg in configs:  # the default model, data, optimizer and batch; only the swept shape differs
+        assert cfg.model == dataclasses.replace(default.model, n_head=cfg.model.n_head, d_k=cfg.model.d_k)
+        assert (cfg.data, cfg.optim, cfg.batch_size) == (default.data, default.optim, default.batch_size)
+        assert (cfg.max_steps, cfg.budget_s, cfg.fairness.mode) == (1000, None, "fixed_d_model")
+    assert {(c.model.n_head, c.model.head_dim) for c in configs} == grid
+    assert len({o for point in points for o in point if o.startswith("seed=")}) >= 5
+    hydra = hydra_node(name)
+    assert (hydra.callbacks.sweep_hint.paper, hydra.callbacks.sweep_hint.reference) == (paper, reference)
+    swept = sorted(key for key in hydra.sweeper.params if key != "seed")
+    check_swept_keys(paper, PAPERS[paper][1], swept)  # the report's paper section takes this sweep
+    header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
+    assert f"#   python train.py +experiment={name}\n" in header and "min on a 2-core" in header
+    assert "(an estimate" in header
