@@ -95,6 +95,8 @@ RECIPES = {
     "sinks": ["model.attn_sinks=true"],
     "window_SSSL": ["model.window_pattern=SSSL", "model.window_size=16"],  # a quarter of the 64-token context
     "value_embeds": ["model.value_embeds=true"],
+    "diff_attn": ["model.attn_diff=true"],
+    "mla_64": ["model.mla_latent=64"],  # the cache keeps a latent of 64 and a rope key of 16 for K and V of 2 x 128
 }
 
 
