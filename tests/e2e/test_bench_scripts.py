@@ -62,7 +62,7 @@ def test_the_hf_row_takes_gpt2s_layout_of_a_rope_qk_norm_default(tiny_run_overri
 
 def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(tiny_run_overrides):
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
-    args = ["--equal-time-steps", "--budget", "21", "--recipes", "default", "batch_12", "--reference", "default"]
+    args = ["--equal-time-steps", "--budget", "21", "--recipes", "default", "batch_6", "--reference", "default"]
     done = subprocess.run(
         [sys.executable, "bench/bench_quality.py", *args, "--", *overrides],
         cwd=ROOT,
@@ -78,9 +78,9 @@ def test_bench_quality_trains_each_recipe_for_the_steps_its_measured_speed_buys(
         if "ms/step" in line
     }
     trained = {line.split()[0]: int(line.split(", ")[1].split()[0]) for line in out.splitlines() if " seed " in line}
-    assert bought.keys() == trained.keys() == {"default", "batch_12"}
+    assert bought.keys() == trained.keys() == {"default", "batch_6"}
     assert trained == bought and all(steps > 0 for steps in bought.values())  # each ran the steps its speed bought
-    assert "batch_12 - default: " in out and "bits/byte (paired by seed)" in out
+    assert "batch_6 - default: " in out and "bits/byte (paired by seed)" in out
     assert "above floor" in out and "classical floor: " in out  # the distance to the compressors' best
 
 
@@ -108,8 +108,8 @@ def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_ru
     assert ran == steps and "ms/step" not in trained.stdout  # no second timing: the written steps, as they were
     assert "wide - default: " in trained.stdout
 
-    untimed = bench("--recipes", "default", "batch_12", "--steps-from", str(timing))
-    assert untimed.returncode == 2 and "recipe 'batch_12' was not timed there" in untimed.stderr
+    untimed = bench("--recipes", "default", "batch_6", "--steps-from", str(timing))
+    assert untimed.returncode == 2 and "recipe 'batch_6' was not timed there" in untimed.stderr
     assert len(untimed.stderr.strip().splitlines()) == 1
 
 

@@ -191,7 +191,7 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
 def test_the_default_run_is_the_measured_recipe():
     cfg = compose_config([])
     m, o = cfg.model, cfg.optim
-    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 64, 24)
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 128, 12)
     assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
         "muon",
         3e-3,
@@ -201,7 +201,8 @@ def test_the_default_run_is_the_measured_recipe():
         0.3,
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
-    assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", True)
+    assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", False)
+    assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
     with pytest.raises(ValueError, match="pos_encoding"):  # so it does not export; model=gpt2 does
         check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))
     check_gpt2_compatible(GPTConfig(**{**compose_config(["model=gpt2"]).model, "vocab_size": 4096}))
