@@ -8,6 +8,8 @@ from typing import Any
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
 from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key, varying_keys
 
+FULL_VAL_TEXT = "each run's best checkpoint scored on every held-out token (full val, --full-val)"
+LOOP_VAL_TEXT = "final validation values on the run's own 10 val batches (curves: the same batches)"
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
 
@@ -156,9 +158,11 @@ def markdown_report(
     plots: dict[str, str],
     paper: str = "",
     plans: dict[Path, int] | None = None,
+    full_val: bool = False,
 ) -> str:
     """The whole report; `plots` maps a caption to an image path relative to the report; `paper` a section;
-    `plans` {sweep folder: jobs its multirun.yaml plans} (analysis.sweep.sweep_plans)."""
+    `plans` {sweep folder: jobs its multirun.yaml plans} (analysis.sweep.sweep_plans); `full_val`: the
+    runs' scores are their best checkpoints' on every held-out token (analysis/full_val.py)."""
     keys = varying_keys(runs)  # the cells' keys, and still the sweep's where no cell completed
     modes = sorted({r.info["fairness"] for r in runs if r.info and "fairness" in r.info})
     pct = f"{CONFIDENCE:.0%}"
@@ -168,7 +172,7 @@ def markdown_report(
         f"Swept keys (every config value that differs across the runs): {', '.join(keys) or 'none'}. "
         f"Each row aggregates over seeds only. Fairness: {', '.join(modes) or 'unknown'} (studies/fairness.py).",
         "",
-        f"Loss and bits/byte are final validation values: mean [{pct} t-interval over seeds]. "
+        f"Loss and bits/byte are {FULL_VAL_TEXT if full_val else LOOP_VAL_TEXT}: mean [{pct} t-interval over seeds]. "
         f"Δ is the paired difference against the reference ({reference.label() if reference else '—'}) over "
         "the seeds both share (same seed, same data order), with its t-interval. KV bytes/token = "
         f"2 · n_layer · n_kv_head · d_k · {KV_BYTES_PER_VALUE} (bf16). FLOPs/token count matmuls, fwd + bwd.",

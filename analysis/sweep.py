@@ -51,9 +51,13 @@ class Run:
     error: str | None = None
     logged_final: dict[str, float] = field(default_factory=dict)  # every value logged at the summary's step
     overridden: set[str] = field(default_factory=set)  # keys its command line set; read for runs that never started
+    full_val: dict[str, float] | None = None  # its score on every held-out token, when the report asks for it
 
     def final(self, metric: str) -> float | None:
-        """A completed run's final `metric`: from summary.json, else the last logged value at its last step."""
+        """A completed run's final `metric`: its full-val score where one was taken (analysis/full_val.py),
+        else from summary.json, else the last logged value at its last step."""
+        if self.full_val and self.full_val.get(metric) is not None:
+            return self.full_val[metric]
         if self.summary and self.summary.get(metric) is not None:
             return self.summary[metric]
         return self.logged_final.get(metric)
@@ -163,6 +167,13 @@ def hydra_overridden_keys(run_dir: Path) -> set[str]:
         return set()
 
 
+def count_jobs(params: list[str], task: list[str]) -> int:
+    """Jobs Hydra's basic sweeper runs for a recipe's hydra.sweeper.params and a command line: the product of
+    each key's values, where the command line's values for a key the recipe also sweeps replace the recipe's
+    (`+experiment=vaswani_a_default model.n_head=1,2` is 2 x 5 seeds, not 5 x 2 x 5)."""
+    return len(BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0])
+
+
 def planned_jobs(sweep_dir: Path) -> int | None:
     """How many jobs the sweep's multirun.yaml plans, counted as Hydra's basic sweeper expands them (the
     recipe's hydra.sweeper.params, then the command line); None where there is no plan this can read."""
@@ -176,7 +187,7 @@ def planned_jobs(sweep_dir: Path) -> int | None:
     params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     task = (hydra.get("overrides") or {}).get("task") or []
     try:
-        return len(BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0])
+        return count_jobs(params, task)
     except (ValueError, HydraException, AttributeError, TypeError):
         return None
 

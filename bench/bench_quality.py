@@ -42,8 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
+from analysis.full_val import score_checkpoint
 from analysis.stats import fmt_interval, t_interval
-from analysis.trained import find_checkpoint, load_model
+from analysis.trained import find_checkpoint
 from bench import classical
 from bench.bench_train import load_config
 from cli.errors import exit_with_error
@@ -52,8 +53,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from rundir.files import SUMMARY
 from studies.fairness import measure_seconds_per_step
-from training.evaluate import split_loss
-from training.runtime import autocast, device_name, resolve_device, resolve_precision
+from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
 
 STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
@@ -129,16 +129,11 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
 
 def score(run: Path) -> dict:
     """The loss of a checkpoint (a run directory: its best) on every token of its data's val split."""
-    model, ckpt = load_model(find_checkpoint(run))
-    data_cfg = DataConfig(**ckpt.meta["config"]["data"])
-    data = prepare(data_cfg, progress=False)
-    device = next(model.parameters()).device
-    ctx = autocast(device, resolve_precision(ckpt.meta["config"].get("precision", "auto"), device))
-    loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
-    bpb = data.bits_per_byte(loss)
-    best = classical.floor(baselines(data_cfg))
+    path = find_checkpoint(run)
+    result = score_checkpoint(path)
+    best = classical.floor(baselines(DataConfig(**result["data"])))
     floor = {"floor": best["compressor"], "floor_bpb": best["bits_per_byte"]} if best else {"floor_bpb": None}
-    return {"params": model.num_params(), "val_loss": loss, "val_bpb": bpb} | floor
+    return {"params": result["params"], "val_loss": result["val/loss"], "val_bpb": result["val/bpb"]} | floor
 
 
 def baselines(data_cfg: DataConfig) -> dict:

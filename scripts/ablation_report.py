@@ -1,7 +1,7 @@
 """Turn a sweep directory into a Markdown report and PNG plots.
 
     python scripts/ablation_report.py multirun/ablate_heads_dk/2026-11-29_10-00-00 [--out DIR]
-        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa] [--force]
+        [--reference model.n_head=4] [--paper vaswani_a|vaswani_b|bhojanapalli|gqa] [--force] [--full-val]
 
 Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
 t-intervals and paired differences against the reference cell (default: the first row). Writes
@@ -11,6 +11,8 @@ report is redrawn; elsewhere an existing file of those names is replaced only wi
 adds the published results beside ours, with a verdict per claim, for a sweep over the paper's keys
 and no other (see --help). Runs that crashed, never started or
 whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
+--full-val scores each completed run's best checkpoint on every held-out token (analysis/full_val.py,
+kept as RUN/full_val.json) and compares those, which resolve ten times smaller differences.
 """
 
 import argparse
@@ -57,6 +59,7 @@ def write_report(
     reference: str | None = None,
     paper: str | None = None,
     force: bool = False,
+    full_val: bool = False,
 ) -> Path:
     """Read every run under `sweep_dir`, write the report and plots to `out_dir`; returns the .md path.
     Files of an earlier report in another `out_dir` are replaced only with `force`."""
@@ -70,6 +73,12 @@ def write_report(
         )
     runs = find_runs(sweep_dir)
     check_out_dir(out_dir)
+    if full_val:  # every completed run's best checkpoint on every held-out token (saved beside the run)
+        from analysis.full_val import full_val as full_val_score  # torch: only when scoring, not to read records
+
+        for run in runs:
+            if run.status == COMPLETED:
+                run.full_val = full_val_score(run.path)
     keys = varying_keys(runs)
     cells = group_cells(runs, keys)
     ref = choose_reference(cells, parse_reference(reference))
@@ -96,7 +105,8 @@ def write_report(
             plot_loss_heatmap(cells, out_dir / HEATMAP)
         plot_val_curves(cells, runs, out_dir / CURVES)
     report = out_dir / REPORT
-    report.write_text(markdown_report(sweep_dir, runs, cells, ref, plots, published, sweep_plans(sweep_dir)))
+    text = markdown_report(sweep_dir, runs, cells, ref, plots, published, sweep_plans(sweep_dir), full_val)
+    report.write_text(text)
     done = sum(r.status == COMPLETED for r in runs)
     log.info("%d runs (%d completed) in %d cells over %s -> %s", len(runs), done, len(cells), keys, report)
     return report
@@ -114,6 +124,11 @@ def main() -> None:
     )
     parser.add_argument("--paper", default=None, choices=list(PAPERS), help=paper_help)
     parser.add_argument("--force", action="store_true", help="replace an earlier report's files in --out")
+    full_help = (
+        "compare every held-out token's score of each run's best checkpoint (saved as RUN/full_val.json) "
+        "instead of the run's own final val/loss on 10 batches drawn with its seed"
+    )
+    parser.add_argument("--full-val", action="store_true", help=full_help)
     args = parser.parse_args()
     try:
         parse_reference(args.reference)
@@ -121,7 +136,7 @@ def main() -> None:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        write_report(args.sweep_dir, args.out, args.reference, args.paper, args.force)
+        write_report(args.sweep_dir, args.out, args.reference, args.paper, args.force, args.full_val)
     except (ValueError, OSError) as e:  # OSError: an --out the system refuses (read-only, name too long)
         exit_with_error(e)
 

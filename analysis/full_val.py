@@ -1,0 +1,56 @@
+"""A run's score on every held-out token: its best checkpoint over the whole val split, in non-overlapping
+windows of block_size (training.evaluate.split_loss), as bits per byte of the val text. The loop's own
+val/loss reads 10 batches drawn with the run's seed, which spread about ten times more between seeds
+(docs/ablation/noise_floor/), so comparisons that must resolve small differences use this one.
+
+The score is kept beside the run in RUN/full_val.json with the checkpoint it came from, and computed again
+only when that checkpoint changed."""
+
+import json
+from pathlib import Path
+
+from analysis.trained import find_checkpoint, load_model
+from data.config import DataConfig
+from data.prepare import prepare
+from rundir.files import atomic_write_bytes
+from training.evaluate import split_loss
+from training.runtime import autocast, resolve_precision
+
+FULL_VAL = "full_val.json"
+
+
+def score_checkpoint(path: Path) -> dict:
+    """{"val/loss": nats per token, "val/bpb": bits per byte, "params": n, "data": its data config} of one
+    checkpoint file."""
+    model, ckpt = load_model(path)
+    config = ckpt.meta["config"]
+    data = prepare(DataConfig(**config["data"]), progress=False)
+    device = next(model.parameters()).device
+    ctx = autocast(device, resolve_precision(config.get("precision", "auto"), device))
+    loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
+    return {"val/loss": loss, "val/bpb": data.bits_per_byte(loss), "params": model.num_params(), "data": config["data"]}
+
+
+def checkpoint_stamp(path: Path) -> dict:
+    """What identifies the checkpoint a score came from: its name, size and modification time."""
+    st = path.stat()
+    return {"checkpoint": path.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def full_val(run_dir: Path) -> dict:
+    """The run's full-val score, from RUN/full_val.json when it was made from the run's present best
+    checkpoint, else scored now and saved there."""
+    run_dir = Path(run_dir)
+    ckpt = Path(find_checkpoint(run_dir))
+    stamp = checkpoint_stamp(ckpt)
+    saved = run_dir / FULL_VAL
+    if saved.is_file():
+        try:
+            record = json.loads(saved.read_text())
+        except (OSError, ValueError):  # torn or foreign: scored again, and replaced
+            record = {}
+        if isinstance(record, dict) and record.get("from") == stamp:
+            return record["score"]
+    score = score_checkpoint(ckpt)
+    atomic_write_bytes(saved, (json.dumps({"from": stamp, "score": score}, indent=1) + "\n").encode())
+    return score

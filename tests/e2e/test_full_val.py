@@ -1,0 +1,78 @@
+"""`ablation_report.py --full-val`: each run's best checkpoint scored on every held-out token, equal to a
+plain loop over the val split written here, kept beside the run and scored again only when it changed."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import analysis.full_val
+from analysis.trained import load_model
+from data.config import DataConfig
+from data.prepare import prepare
+from scripts.ablation_report import write_report
+from tests.helpers import run_train
+
+
+def every_token_loss(run) -> float:
+    """The oracle: each val token after the first predicted once, from the block_size window it falls in."""
+    model, ckpt = load_model(run / "checkpoints" / "best.safetensors")
+    val = prepare(DataConfig(**ckpt.meta["config"]["data"]), progress=False).val
+    ids = torch.from_numpy(np.array(val, dtype=np.int64))
+    T, total, count = model.config.block_size, 0.0, 0
+    for start in range(0, len(ids) - 1, T):
+        x, y = ids[start : start + T], ids[start + 1 : start + 1 + T]
+        x = x[: len(y)]
+        with torch.no_grad():
+            logits, _ = model(x[None])
+        total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
+        count += len(y)
+    assert count == len(ids) - 1
+    return total / count
+
+
+@pytest.fixture
+def sweep(tiny_run_overrides, tmp_path):
+    base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    base += ["max_steps=6", "eval_interval=3", "sample_tokens=0", "precision=fp32"]
+    for lr in ("1e-3", "1e-2"):
+        for seed in (0, 1):
+            run_train([*base, f"optim.lr={lr}", f"seed={seed}", f"out_dir={tmp_path / 'sweep' / f'lr{lr}_s{seed}'}"])
+    return tmp_path / "sweep"
+
+
+def row_losses(report: str) -> list[float]:
+    rows = [line for line in report.splitlines() if line.startswith("| 0.0")]
+    return [float(line.split("|")[8].split()[0]) for line in rows]
+
+
+def test_full_val_rows_are_every_held_out_token_and_the_scores_are_kept(sweep, tmp_path, monkeypatch):
+    loop = write_report(sweep, tmp_path / "loop").read_text()
+    full = write_report(sweep, tmp_path / "full", full_val=True).read_text()
+    assert "scored on every held-out token" in full and "scored on every held-out token" not in loop
+    oracle = {}
+    for run in sorted(sweep.iterdir()):
+        saved = json.loads((run / "full_val.json").read_text())
+        oracle[run.name] = every_token_loss(run)
+        assert saved["score"]["val/loss"] == pytest.approx(oracle[run.name], rel=1e-5)
+        assert saved["from"]["checkpoint"] == "best.safetensors"
+    for lr, loss in zip(("1e-3", "1e-2"), row_losses(full), strict=True):
+        mean = (oracle[f"lr{lr}_s0"] + oracle[f"lr{lr}_s1"]) / 2
+        assert loss == pytest.approx(mean, abs=1.5e-4)  # the table prints 4 decimals
+    assert row_losses(full) != row_losses(loop)  # 2 val batches are not the whole split
+
+    # A second report reads the kept scores; a checkpoint written since is scored again.
+    def no_scoring(path):
+        raise AssertionError(f"{path} was scored again")
+
+    monkeypatch.setattr(analysis.full_val, "score_checkpoint", no_scoring)
+    assert row_losses(write_report(sweep, tmp_path / "again", full_val=True).read_text()) == row_losses(full)
+    best = sweep / "lr1e-2_s1" / "checkpoints" / "best.safetensors"
+    os.utime(best, ns=(best.stat().st_atime_ns, best.stat().st_mtime_ns + 10**9))
+    with pytest.raises(AssertionError, match="lr1e-2_s1.*was scored again"):
+        write_report(sweep, tmp_path / "stale", full_val=True)
+    assert all(math.isfinite(v) for v in row_losses(full))
