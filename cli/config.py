@@ -69,13 +69,20 @@ def unknown_key_error(names: list[str]) -> str:
 def composition_error(e: Exception) -> str:
     """What Hydra says over several lines (`batch_size=abc`, `model=huge`, `foo=1`), in one."""
     cause = e.__cause__
+    # A recipe's sweep list (`hydra.sweeper.params.model.n_head`) cannot be addressed: its key holds a dot.
+    if swept := re.search(r"hydra\.sweeper\.params\.([\w.]+)", str(e) + str(cause or "")):
+        return (
+            f"hydra.sweeper.params.{swept[1]} cannot be set from the command line; give the sweep as "
+            f"{swept[1]}=VALUE[,VALUE...], which replaces the recipe's values of {swept[1]}"
+        )
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and getattr(cause, "full_key", None):
         *parents, key = str(cause.full_key).split(".")
-        schema = StudyRunConfig
-        for parent in parents:  # the dataclass that lacks `key`
-            schema = typing.get_type_hints(schema).get(parent, schema)
+        schema: type | None = StudyRunConfig
+        for parent in parents:  # the dataclass that lacks `key`; none where a parent is not the schema's
+            schema = typing.get_type_hints(schema).get(parent) if schema else None
+            schema = schema if dataclasses.is_dataclass(schema) else None
         prefix = "".join(f"{p}." for p in parents)
-        return unknown_key_error([with_suggestion(prefix, key, typing.get_type_hints(schema))])
+        return unknown_key_error([with_suggestion(prefix, key, typing.get_type_hints(schema) if schema else {})])
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if isinstance(e, OverrideParseException):  # the grammar's complaint, without its link
         key, _, value = e.override.partition("=")

@@ -20,6 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from analysis.sweep import count_jobs
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
@@ -276,7 +277,7 @@ class SweepHint(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper, "reference": self.reference}
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-        self.jobs, self.started = count_jobs([*config.hydra.overrides.task, *params]), time.perf_counter()
+        self.jobs, self.started = count_jobs(params, list(config.hydra.overrides.task)), time.perf_counter()
         launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
         self.at_a_time = jobs_at_a_time(launcher.get("jobs")) if "jobs" in launcher else 1
 
@@ -295,17 +296,6 @@ class SweepHint(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
-
-
-def count_jobs(overrides: Sequence[str]) -> int:
-    """Jobs a basic sweep runs: the product of each sweep override's number of values."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    jobs = 1
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
-        if override.is_sweep_override():
-            jobs *= len(list(override.sweep_string_iterator()))
-    return jobs
 
 
 def sweep_hint(sweep_dir: str, paper: str | None = None, reference: str | None = None, failed: bool = False) -> str:

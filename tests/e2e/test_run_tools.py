@@ -89,6 +89,15 @@ BAD_INPUTS = [
     (["train.py", "out_dir={run}", "batch_size=abc"], "batch_size=abc: Value 'abc' of type 'str' could not be"),
     (["train.py", "out_dir={run}", "model=huge"], "Could not find 'model/huge'; available options in 'model': "),
     (["train.py", "out_dir={run}", "model.nhead=4"], "unknown config key model.nhead (did you mean model.n_head?)"),
+    # Defect: a recipe's sweep list named on the command line got "did you mean hydra.sweeper.params.model?"
+    (
+        ["train.py", "-m", "+experiment=vaswani_b_default", "hydra.sweeper.params.model.d_k=32"],
+        "hydra.sweeper.params.model.d_k cannot be set from the command line; give the sweep as model.d_k=",
+    ),
+    (
+        ["train.py", "-m", "+experiment=vaswani_b_default", "hydra.sweeper.params.model.d_k=8,16"],
+        "hydra.sweeper.params.model.d_k cannot be set from the command line; give the sweep as model.d_k=",
+    ),
     (["train.py", "out_dir={run}", "seed=[1"], "cannot parse override 'seed=[1': no viable alternative at input '[1'"),
     (["scripts/sample.py", "{run}", "x", "--temperature", "nan"], "temperature=nan is invalid"),
     (["scripts/sample.py", "{run}", "x", "temperature=inf"], "temperature=inf is invalid"),
