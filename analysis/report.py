@@ -150,6 +150,19 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str], plans: dict[P
     return "\n".join(lines)
 
 
+def predated_note(runs: list[Run]) -> list[str]:
+    """A sentence, and a blank line, when some runs were written before keys the others have."""
+    older = [r for r in runs if r.predates]
+    if not older:
+        return []
+    keys = ", ".join(sorted({k for r in older for k in r.predates}))
+    return [
+        f"{len(older)} of {len(runs)} runs were written before {keys} existed and are read with today's "
+        "default there (a new key's default keeps the behaviour it had).",
+        "",
+    ]
+
+
 def markdown_report(
     root: Path,
     runs: list[Run],
@@ -177,6 +190,7 @@ def markdown_report(
         "the seeds both share (same seed, same data order), with its t-interval. KV bytes/token = "
         f"2 · n_layer · n_kv_head · d_k · {KV_BYTES_PER_VALUE} (bf16). FLOPs/token count matmuls, fwd + bwd.",
         "",
+        *predated_note(runs),
         table(cells, reference) if cells else "No run completed.",
         "",
         *comparison_sentences(cells, reference),

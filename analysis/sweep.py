@@ -10,6 +10,8 @@ The cells are keyed by every config value that differs across the runs (derived 
 not listed by hand), so a sweep over any key, not only n_head and d_k, gets one row per value.
 """
 
+import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ class Run:
     logged_final: dict[str, float] = field(default_factory=dict)  # every value logged at the summary's step
     overridden: set[str] = field(default_factory=set)  # keys its command line set; read for runs that never started
     full_val: dict[str, float] | None = None  # its score on every held-out token, when the report asks for it
+    predates: set[str] = field(default_factory=set)  # keys added to the config after it ran, read as defaults
 
     def final(self, metric: str) -> float | None:
         """A completed run's final `metric`: its full-val score where one was taken (analysis/full_val.py),
@@ -245,6 +248,16 @@ def read_run(run_dir: Path) -> Run:
     return run
 
 
+@functools.cache
+def schema_defaults() -> dict[str, Any]:
+    """{dotted key: default} of every key a run's config has today. A run written before a key existed ran
+    as its default runs: a new key's default keeps the old behaviour (so a run of last week and one of
+    today with the same settings are one cell, not two cells that differ in model.attn_diff null / false)."""
+    from studies.fairness import StudyRunConfig  # torch: only for a run that predates a key
+
+    return flatten(dataclasses.asdict(StudyRunConfig()))
+
+
 def find_runs(sweep_dir: str | Path) -> list[Run]:
     """Every run under `sweep_dir`: directories with run_info.json or a Hydra job's .hydra/."""
     root = Path(sweep_dir)
@@ -255,7 +268,21 @@ def find_runs(sweep_dir: str | Path) -> list[Run]:
     dirs = {p.parent for p in root.rglob(RUN_INFO)} | {p.parent.parent for p in root.rglob(".hydra/config.yaml")}
     if not dirs:
         raise FileNotFoundError(f"no runs under {str(root)!r} (no {RUN_INFO} and no .hydra/config.yaml)")
-    return [read_run(d) for d in sorted(dirs)]
+    runs = [read_run(d) for d in sorted(dirs)]
+    fill_predated_keys(runs)
+    return runs
+
+
+def fill_predated_keys(runs: list[Run]) -> None:
+    """A started run lacking a key that another started run has was written before the key existed: it
+    reads that key as the schema's default (`schema_defaults`), and says so in `Run.predates`."""
+    started = [r for r in runs if r.info is not None]
+    keys = {k for r in started for k in r.config}
+    for run in started:
+        if missing := keys - run.config.keys():
+            defaults = schema_defaults()
+            run.predates = {k for k in missing if k in defaults}
+            run.config |= {k: defaults[k] for k in run.predates}
 
 
 def compared(key: str) -> bool:

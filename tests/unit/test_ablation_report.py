@@ -346,3 +346,28 @@ def test_a_paper_claim_between_cells_with_no_seed_in_common_shows_no_nan(tmp_pat
     report = write_report(tmp_path / "sweep", tmp_path / "out", paper="vaswani_a").read_text()
     assert "nan" not in report.lower()
     assert "| model.n_head=1 − model.n_head=2: — | cannot tell: 0 paired seed(s) |" in report
+
+
+def test_runs_written_before_a_key_existed_read_it_as_its_default(tmp_path):
+    # Defect: the noise floor's runs (written before model.attn_diff existed) and a study's runs of the same
+    # settings made model.attn_diff a swept key, null against false, so they could not share a reference cell.
+    for seed in (0, 1):
+        old = config(seed, f"out/old/{seed}")
+        write_fake_run(tmp_path / "sweep" / f"old_s{seed}", old, 2.0 + seed)
+        new = config(seed, f"out/new/{seed}", n_head=4)
+        new["model"] |= {"attn_diff": False, "mla_latent": None}
+        write_fake_run(tmp_path / "sweep" / f"new_s{seed}", new, 2.5 + seed)
+    runs = find_runs(tmp_path / "sweep")
+    assert varying_keys(runs) == ["model.n_head"]
+    assert {r.path.name: sorted(r.predates) for r in runs} == {
+        "new_s0": [], "new_s1": [], "old_s0": ["model.attn_diff", "model.mla_latent"],
+        "old_s1": ["model.attn_diff", "model.mla_latent"],
+    }  # fmt: skip
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert "2 of 4 runs were written before model.attn_diff, model.mla_latent existed" in report
+    # A value the older runs could not have had is still a difference: attn_diff true is another cell.
+    for seed in (0, 1):
+        diff = config(seed, f"out/diff/{seed}", n_head=4)
+        diff["model"] |= {"attn_diff": True, "mla_latent": None}
+        write_fake_run(tmp_path / "sweep" / f"diff_s{seed}", diff, 2.2 + seed)
+    assert varying_keys(find_runs(tmp_path / "sweep")) == ["model.attn_diff", "model.n_head"]
