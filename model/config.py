@@ -102,6 +102,13 @@ class GPTConfig:
 
     def validate(self) -> None:
         """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
+        self.check_sizes()
+        self.check_choices()
+        self.check_head_layout()
+        self.check_variant_values()
+
+    def check_sizes(self) -> None:
+        """Every size is a positive count (d_k, d_ff, vocab_size: or null for their defaults)."""
         sizes = {"block_size": self.block_size, "n_layer": self.n_layer, "n_head": self.n_head, "d_model": self.d_model}
         for name, value in sizes.items():
             if value < 1:
@@ -119,6 +126,9 @@ class GPTConfig:
             raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} is invalid; it must be in [0, 1)")
+
+    def check_choices(self) -> None:
+        """Each named choice is one the code has, and the kernel can run it."""
         choices = {
             "attn_backend": (self.attn_backend, BACKENDS),
             "pos_encoding": (self.pos_encoding, POS_ENCODINGS),
@@ -133,6 +143,10 @@ class GPTConfig:
                 f"model.attn_backend='materialized' has no attention dropout (model.dropout={self.dropout}); "
                 "use auto or sdpa"
             )
+
+    def check_head_layout(self) -> None:
+        """The heads: what their dim must divide into for RoPE, differential attention and MLA, the MLA latent,
+        the RoPE base and GQA's groups."""
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ValueError(
                 f"model.pos_encoding='rope' rotates pairs of channels; the head dim ({self.head_dim}) must be even"
@@ -163,6 +177,9 @@ class GPTConfig:
             raise ValueError(f"model.n_kv_head={self.n_kv_head} is invalid; it must be >= 1 (or null for n_head)")
         if self.n_head % self.kv_heads:
             raise ValueError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head})")
+
+    def check_variant_values(self) -> None:
+        """The 2025-26 variants' values (docs/variants.md), and what the fused kernel cannot compute."""
         if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
             raise ValueError(
                 f"model.logit_softcap={self.logit_softcap} is invalid; it must be a finite number > 0 (or null for off)"
