@@ -121,19 +121,22 @@ DEFAULT_SCALE = {  # recipe: (its paper section, its reference cell, the (n_head
 
 
 @pytest.mark.parametrize("name", DEFAULT_SCALE)
-def test_a_default_scale_study_trains_the_default_recipe_for_1000_steps_over_its_grid(name):
+def test_a_default_scale_study_trains_the_noise_floors_recipe_for_1000_steps_over_its_grid(name):
     import dataclasses
 
     from analysis.papers import check_swept_keys
 
     paper, reference, grid = DEFAULT_SCALE[name]
     _, points, configs = sweep_points(name)
-    default = to_train_config(compose_config(["out_dir=x"]))
-    for cfg in configs:  # the default model, data, optimizer and batch; only the swept shape differs
+    default = sweep_points("noise_floor")[2][0]  # the default recipe the noise floor pins (round 2)
+    for cfg in configs:  # the noise floor's model, data, optimizer and batch; only the swept shape differs
         assert cfg.model == dataclasses.replace(default.model, n_head=cfg.model.n_head, d_k=cfg.model.d_k)
         assert (cfg.data, cfg.optim, cfg.batch_size) == (default.data, default.optim, default.batch_size)
         assert (cfg.max_steps, cfg.budget_s, cfg.fairness.mode) == (1000, None, "fixed_d_model")
     assert {(c.model.n_head, c.model.head_dim) for c in configs} == grid
+    if name != "bottleneck_default":  # the noise floor's runs are this study's reference cell, seed for seed
+        (cell,) = [c for c in configs if (c.model.n_head, c.model.head_dim) == (4, 32)]
+        assert dataclasses.replace(cell, model=dataclasses.replace(cell.model, d_k=None)) == default
     assert len({o for point in points for o in point if o.startswith("seed=")}) >= 5
     hydra = hydra_node(name)
     assert (hydra.callbacks.sweep_hint.paper, hydra.callbacks.sweep_hint.reference) == (paper, reference)
@@ -141,4 +144,3 @@ def test_a_default_scale_study_trains_the_default_recipe_for_1000_steps_over_its
     check_swept_keys(paper, PAPERS[paper][1], swept)  # the report's paper section takes this sweep
     header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
     assert f"#   python train.py +experiment={name}\n" in header and "min on a 2-core" in header
-    assert "(an estimate" in header
