@@ -301,6 +301,10 @@ def main() -> None:
             configs[name] = load_config([*RECIPES[name], *args.overrides])
         except ValueError as e:
             parser.error(f"recipe {name}: {e}")
+    chosen = [f for f, v in (("--time-only", args.time_only), ("--steps-from", args.steps_from)) if v]
+    chosen += ["--equal-time-steps"] if args.equal_time_steps else []
+    if len(chosen) > 1:  # each decides the steps its own way
+        parser.error(f"{' and '.join(chosen)} each choose the steps; give one of them")
     steps_from = read_steps(args.steps_from, args.recipes, parser) if args.steps_from else None
     cpu = device_name(torch.device("cpu"))
     print(

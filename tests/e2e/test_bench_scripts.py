@@ -113,6 +113,13 @@ def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_ru
     assert untimed.returncode == 2 and "recipe 'batch_6' was not timed there" in untimed.stderr
     assert len(untimed.stderr.strip().splitlines()) == 1
 
+    # Defect: --time-only with --steps-from was accepted (the timing won, the steps file was ignored).
+    both = bench("--recipes", "default", "--time-only", str(tmp_path / "t2.json"), "--steps-from", str(timing))
+    assert both.returncode == 2 and both.stderr.strip().endswith(
+        "--time-only and --steps-from each choose the steps; give one of them"
+    )
+    assert not (tmp_path / "t2.json").exists()
+
 
 def test_bench_quality_classical_prints_every_compressor_on_the_val_split_with_the_cpu(tiny_run_overrides):
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
