@@ -150,6 +150,18 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str], plans: dict[P
     return "\n".join(lines)
 
 
+def raw_rows(runs: list[Run], keys: list[str], root: Path) -> list[dict[str, Any]]:
+    """Every run as the table read it, for the record: its folder, swept values, seed, status, size,
+    summary.json and full-val score, so a committed report keeps its numbers' sources beside it."""
+    rows = []
+    for run in runs:
+        info = run.info or {}
+        row = {"run": str(run.path.relative_to(root)), **{k: setting(run.config, k) for k in keys}, "seed": run.seed}
+        row |= {"status": run.status, "d_k": info.get("d_k"), "params": info.get("params"), "summary": run.summary}
+        rows.append(row | ({"full_val": run.full_val} if run.full_val else {}))
+    return rows
+
+
 def predated_note(runs: list[Run]) -> list[str]:
     """A sentence, and a blank line, when some runs were written before keys the others have."""
     older = [r for r in runs if r.predates]

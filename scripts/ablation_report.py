@@ -5,8 +5,9 @@
 
 Rows are the cells of every config key that differs across the runs (seeds aggregated), with 95%
 t-intervals and paired differences against the reference cell (default: the first row). Writes
-`ablation.md` and the plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png`
-(and `val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory, whose own
+`ablation.md`, `runs.jsonl` (a line per run: swept values, seed, status, summary, full-val score) and the
+plots `val_loss_curves.png`, `val_loss_intervals.png`, `val_loss_differences.png` (and
+`val_loss_heatmap.png` when two keys are swept) to --out (default: the sweep directory, whose own
 report is redrawn; elsewhere an existing file of those names is replaced only with --force); --paper
 adds the published results beside ours, with a verdict per claim, for a sweep over the paper's keys
 and no other (see --help). Runs that crashed, never started or
@@ -16,6 +17,7 @@ kept as RUN/full_val.json) and compares those, which resolve ten times smaller d
 """
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from analysis.outputs import check_out_dir, check_replaceable
 from analysis.papers import PAPERS, paper_section
 from analysis.plots import plot_differences, plot_intervals, plot_loss_heatmap, plot_val_curves
-from analysis.report import choose_reference, differences, markdown_report
+from analysis.report import choose_reference, differences, markdown_report, raw_rows
 from analysis.sweep import COMPLETED, find_runs, group_cells, sweep_plans, varying_keys
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
@@ -33,7 +35,7 @@ from rundir.files import RUN_INFO
 
 log = logging.getLogger("ablation_report")
 REPORT, INTERVALS, DIFFERENCES = "ablation.md", "val_loss_intervals.png", "val_loss_differences.png"
-HEATMAP, CURVES = "val_loss_heatmap.png", "val_loss_curves.png"
+HEATMAP, CURVES, RAW = "val_loss_heatmap.png", "val_loss_curves.png", "runs.jsonl"
 
 
 def parse_reference(text: str | None) -> dict[str, str] | None:
@@ -95,7 +97,7 @@ def write_report(
     # The sweep's own report is its to redraw (as plot_run redraws RUN/plots.png); elsewhere a file of that
     # name may be anyone's.
     if not (out_dir.exists() and out_dir.resolve() == sweep_dir.resolve()):
-        for name in [REPORT, *plots.values()]:
+        for name in [REPORT, RAW, *plots.values()]:
             check_replaceable(out_dir / name, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cells:
@@ -105,6 +107,7 @@ def write_report(
             plot_loss_heatmap(cells, out_dir / HEATMAP)
         plot_val_curves(cells, runs, out_dir / CURVES)
     report = out_dir / REPORT
+    (out_dir / RAW).write_text("".join(json.dumps(row, default=str) + "\n" for row in raw_rows(runs, keys, sweep_dir)))
     text = markdown_report(sweep_dir, runs, cells, ref, plots, published, sweep_plans(sweep_dir), full_val)
     report.write_text(text)
     done = sum(r.status == COMPLETED for r in runs)

@@ -64,6 +64,9 @@ def test_full_val_rows_are_every_held_out_token_and_the_scores_are_kept(sweep, t
         mean = (oracle[f"lr{lr}_s0"] + oracle[f"lr{lr}_s1"]) / 2
         assert loss == pytest.approx(mean, abs=1.5e-4)  # the table prints 4 decimals
     assert row_losses(full) != row_losses(loop)  # 2 val batches are not the whole split
+    raw = {r["run"]: r for r in map(json.loads, (tmp_path / "full" / "runs.jsonl").read_text().splitlines())}
+    assert {name: r["full_val"]["val/loss"] for name, r in raw.items()} == pytest.approx(oracle, rel=1e-5)
+    assert all("full_val" not in json.loads(r) for r in (tmp_path / "loop" / "runs.jsonl").read_text().splitlines())
 
     # A second report reads the kept scores; a checkpoint written since is scored again.
     def no_scoring(path):
@@ -73,6 +76,6 @@ def test_full_val_rows_are_every_held_out_token_and_the_scores_are_kept(sweep, t
     assert row_losses(write_report(sweep, tmp_path / "again", full_val=True).read_text()) == row_losses(full)
     best = sweep / "lr1e-2_s1" / "checkpoints" / "best.safetensors"
     os.utime(best, ns=(best.stat().st_atime_ns, best.stat().st_mtime_ns + 10**9))
-    with pytest.raises(AssertionError, match="lr1e-2_s1.*was scored again"):
+    with pytest.raises(AssertionError, match=r"lr1e-2_s1.*was scored again"):
         write_report(sweep, tmp_path / "stale", full_val=True)
     assert all(math.isfinite(v) for v in row_losses(full))

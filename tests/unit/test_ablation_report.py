@@ -54,6 +54,11 @@ def test_an_lr_sweep_is_two_rows_named_by_the_swept_key(tmp_path):
     assert "- optim.lr=0.01 vs optim.lr=0.001: val loss -0.3100 nats, resolved: lower by 0.3100 nats" in report
     for name in ("val_loss_intervals.png", "val_loss_differences.png", "val_loss_curves.png"):
         assert (tmp_path / "out" / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
+    raw = [json.loads(line) for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
+    assert [(r["run"], r["optim.lr"], r["seed"], r["status"]) for r in raw] == [
+        (f"lr{lr}_s{seed}", lr, seed, COMPLETED) for lr in (0.001, 0.01) for seed in (0, 1, 2)
+    ]
+    assert [r["summary"]["val/loss"] for r in raw] == [2.0, 2.5, 3.0, 1.70, 2.18, 2.69]
 
 
 def test_a_grid_of_two_keys_gets_a_cell_per_pair_and_a_heatmap(tmp_path):
