@@ -268,14 +268,15 @@ class SweepHint(Callback):
     section and reference cell (`hydra.callbacks.sweep_hint.paper`, `.reference`), so the printed command
     is the one to paste."""
 
-    sweep: ClassVar[dict[str, str | None]] = {}  # the running sweep's sweep_hint arguments, set when it starts
+    sweep: ClassVar[dict[str, str | bool | None]] = {}  # the running sweep's sweep_hint arguments, set when it starts
 
-    def __init__(self, paper: str | None = None, reference: str | None = None) -> None:
-        self.paper, self.reference = paper, reference
+    def __init__(self, paper: str | None = None, reference: str | None = None, full_val: bool = False) -> None:
+        self.paper, self.reference, self.full_val = paper, reference, full_val
         self.jobs, self.at_a_time, self.started = 0, 1, 0.0  # set when a multirun starts; a single run has no jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper, "reference": self.reference}
+        SweepHint.sweep["full_val"] = self.full_val
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
         self.jobs, self.started = count_jobs(params, list(config.hydra.overrides.task)), time.perf_counter()
         launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
@@ -298,14 +299,19 @@ class SweepHint(Callback):
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
 
 
-def sweep_hint(sweep_dir: str, paper: str | None = None, reference: str | None = None, failed: bool = False) -> str:
-    """The folder and the report command, with the `--paper` section and `--reference` cell a recipe names."""
+def sweep_hint(
+    sweep_dir: str, paper: str | None = None, reference: str | None = None, failed: bool = False, full_val: bool = False
+) -> str:
+    """The folder and the report command, with the `--paper` section, the `--reference` cell and the
+    `--full-val` scoring a recipe names."""
     done = "sweep done, with failed jobs (the report lists them)" if failed else "sweep done"
     report = f"{python_command()} scripts/ablation_report.py {shlex.quote(sweep_dir)}"
     if paper:
         report += f" --paper {paper}"
     if reference:
         report += f" --reference {shlex.quote(reference)}"
+    if full_val:
+        report += " --full-val"
     return f"{done}: {sweep_dir}\n  report: {report}"
 
 

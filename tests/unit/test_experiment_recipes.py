@@ -105,7 +105,9 @@ def test_a_recipes_header_gives_the_report_command_its_sweep_prints(name):
     from cli.train_output import sweep_hint
 
     hint = hydra_node(name).callbacks.sweep_hint
-    printed = sweep_hint("SWEEP", hint.get("paper"), hint.get("reference")).splitlines()[-1]
+    printed = sweep_hint("SWEEP", hint.get("paper"), hint.get("reference"), full_val=hint.get("full_val")).splitlines()[
+        -1
+    ]
     report = printed.removeprefix("  report: python ").replace("SWEEP", f"multirun/{name}/<date_time>")
     header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
     lines = [line.removeprefix("#   python ") for line in header.splitlines() if "scripts/ablation_report.py" in line]
