@@ -94,11 +94,13 @@ def run_jobs(
     folder = Path(tempfile.mkdtemp(prefix="attnlab-sweep-"))  # mode 0700: only this user reads the job files
     running: list[Job] = []
     returns: list[JobReturn] = []
+    exhausted = False  # every job has been started
     try:
         with StopsReceived() as stops:
             while True:
-                while len(running) < at_a_time and not stops.signals:
+                while not exhausted and len(running) < at_a_time and not stops.signals:
                     if (config := next(configs, None)) is None:
+                        exhausted = True
                         break
                     callbacks.on_job_start(config=config, task_function=task_function)  # `job i of N`
                     running.append(start_job(config, folder, threads))
@@ -107,7 +109,9 @@ def run_jobs(
                     running.remove(job)
                     returns.append(job_return(job))
                     callbacks.on_job_end(config=job.config, job_return=returns[-1])
-                if not running:
+                # Defect: `if not running` alone ended a sweep whose running jobs all finished within one
+                # poll, with jobs still to start (a 15-job sweep stopped after 6 and said "sweep done").
+                if not running and (exhausted or stops.signals):
                     break
                 time.sleep(POLL_S)
         if stops.signals:

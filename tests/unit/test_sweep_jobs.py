@@ -138,3 +138,36 @@ def test_the_report_command_names_the_recipes_paper_and_reference_cell():
         "  report: python scripts/ablation_report.py multirun/s --paper bhojanapalli"
         " --reference model.n_head=8,model.d_k=null",
     ]
+
+
+def test_jobs_that_all_finish_within_one_poll_do_not_end_the_sweep_early(monkeypatch):
+    # Defect: a 15-job sweep ended after 6, saying "sweep done", when its two running jobs finished within
+    # one poll: with none running, the loop stopped before starting the next.
+    from cli import sweep_jobs
+
+    class Finished:
+        pid, returncode = 0, 0
+
+        def poll(self) -> int:
+            return 0  # every job has ended by the launcher's next look
+
+    started, ended = [], []
+
+    def start_job(config, folder, threads):
+        started.append(config.n)
+        return Job(config, Finished(), threading.Thread(), folder / "none.json")
+
+    class Callbacks:
+        def on_job_start(self, config, task_function):
+            pass
+
+        def on_job_end(self, config, job_return):
+            ended.append(job_return)
+
+    monkeypatch.setattr(sweep_jobs, "start_job", start_job)
+    monkeypatch.setattr(sweep_jobs, "job_return", lambda job: job.config.n)
+    monkeypatch.setattr(sweep_jobs, "POLL_S", 0.0)
+    monkeypatch.setattr(sweep_jobs, "sorted", lambda returns, key: returns, raising=False)
+    configs = iter(OmegaConf.create({"n": n}) for n in range(7))
+    returns = sweep_jobs.run_jobs(configs, 2, 1, Callbacks(), lambda: None)
+    assert started == list(range(7)) and ended == returns == list(range(7))
