@@ -42,7 +42,7 @@ def full_val(run_dir: Path) -> dict:
     """The run's full-val score, from RUN/full_val.json when it was made from the run's present best
     checkpoint, else scored now and saved there."""
     run_dir = Path(run_dir)
-    ckpt = Path(find_checkpoint(run_dir))
+    ckpt = find_checkpoint(run_dir)
     stamp = checkpoint_stamp(ckpt)
     saved = run_dir / FULL_VAL
     if saved.is_file():

@@ -275,8 +275,12 @@ class SweepHint(Callback):
         self.jobs, self.at_a_time, self.started = 0, 1, 0.0  # set when a multirun starts; a single run has no jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        SweepHint.sweep = {"sweep_dir": str(config.hydra.sweep.dir), "paper": self.paper, "reference": self.reference}
-        SweepHint.sweep["full_val"] = self.full_val
+        SweepHint.sweep = {
+            "sweep_dir": str(config.hydra.sweep.dir),
+            "paper": self.paper,
+            "reference": self.reference,
+            "full_val": self.full_val,
+        }
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
         self.jobs, self.started = count_jobs(params, list(config.hydra.overrides.task)), time.perf_counter()
         launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
