@@ -8,6 +8,7 @@ import torch
 
 from model import GPT, GPTConfig
 from rundir.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
+from training import optim
 from training.optim import (
     NS_COEFFICIENTS,
     MuonAdamW,
@@ -83,10 +84,18 @@ def test_adamw_decays_matrices_but_not_embeddings_gains_or_biases():
     assert {g["role"]: g["weight_decay"] for g in opt.param_groups}["embedding"] == 0.05
 
 
+@pytest.mark.parametrize("native_bf16, ns_dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_newton_schulz_runs_in_bf16_only_where_the_cpu_has_it(monkeypatch, native_bf16, ns_dtype):
+    # An AVX2-only CPU emulates bf16: its Newton-Schulz would take ~50x fp32's time.
+    monkeypatch.setattr(optim, "cpu_supports_bf16", lambda: native_bf16)
+    model = GPT(GPTConfig(**TINY.__dict__))
+    assert build_optimizer(model, OptimConfig(optimizer="muon"), "cpu").ns_dtype == ns_dtype
+
+
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False}))
     opt = build_optimizer(model, OptimConfig(optimizer="muon", lr=0.004, muon_lr=0.02), "cpu")
-    assert isinstance(opt, MuonAdamW) and opt.ns_dtype == torch.float32  # CPUs iterate in fp32
+    assert isinstance(opt, MuonAdamW)
     hidden = [p for g in opt.param_groups if g["role"] == "hidden" for p in g["params"]]
     assert {id(p) for p in hidden} == {
         id(p) for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2
