@@ -260,6 +260,8 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
         (["bench/bench_peak.py", "--device", "nowhere"], "error: device='nowhere' is invalid"),
         (["bench/bench_attention.py", "--tokens", "0"], "error: argument --tokens: 0 is invalid"),
         (["bench/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+        (["bench/bench_memory_policy.py", "--rounds", "0"], "error: argument --rounds: 0 is invalid"),
+        (["bench/bench_memory_policy.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
     ],
 )
 def test_every_benchmark_says_a_bad_command_line_in_one_line(argv, message):
@@ -268,3 +270,21 @@ def test_every_benchmark_says_a_bad_command_line_in_one_line(argv, message):
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(message)
+
+
+def test_bench_memory_policy_times_both_policies_in_alternating_processes(tiny_run_overrides):
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    argv = [sys.executable, "bench/bench_memory_policy.py", "--rounds", "2", "--steps", "2", "--warmup", "1"]
+    out = subprocess.run([*argv, "--", *overrides], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert device_name(torch.device("cpu")) in out.splitlines()[0]
+    rows = {
+        name: line
+        for name in ("glibc's own", "keep freed memory")
+        for line in out.splitlines()
+        if line.startswith(name)
+    }
+    assert len(rows) == 2
+    for line in rows.values():
+        per_round = line.split()[-3:-1]  # two rounds' medians between the median and the page faults
+        assert len(per_round) == 2 and all(float(ms) > 0 for ms in per_round)
+    assert re.search(r"kept over glibc's own: \d+\.\d\dx$", out.strip())
