@@ -17,7 +17,8 @@ them all, no model). Recipes run one after another on the whole machine unless -
 
 On a shared machine a wall-clock budget measures the neighbours as much as the recipe. `--equal-time-steps`
 keeps the budget but takes it out of the training runs: it first times every recipe's own step
-(Trainer.step, on the whole machine) in turns, so any load falls on all of them alike, then trains each
+(Trainer.step, on the whole machine, each in a process of its own) in turns, so any load falls on all of
+them alike, then trains each
 for the steps its speed buys in (budget - start-up) seconds. Those runs are deterministic, so they may
 run in parallel under any load (--jobs).
 
@@ -142,18 +143,28 @@ def baselines(data_cfg: DataConfig) -> dict:
     return classical.baselines(data_cfg, data.meta, device_name(torch.device("cpu")))
 
 
-def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 8, rounds: int = 3) -> dict[str, float]:
-    """Median seconds of each recipe's Trainer.step (what train.py runs), timed in turns: each round times
-    `steps` of every recipe (fairness.measure_seconds_per_step, the iso_time calibration's own timer)."""
-    trainers = {}
-    for name in recipes:
-        cfg = load_config([*RECIPES[name], *overrides])
-        trainers[name] = Trainer(cfg, prepare(cfg.data, progress=False), resolve_device(cfg.device))
+def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 15, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of each recipe's Trainer.step (what train.py runs), each timed in a fresh process of its
+    own, as train.py runs it, the recipes in turns for `rounds` rounds. One process holding every recipe's
+    Trainer timed the default's step at 115-120 ms against 98 alone, on a Zen 4: the recipes' memory
+    interfered (docs/recipe/round4.md)."""
     times: dict[str, list[float]] = {name: [] for name in recipes}
     for _ in range(rounds):
-        for name, trainer in trainers.items():
-            times[name].append(measure_seconds_per_step(trainer, steps))
+        for name in recipes:
+            job = json.dumps({"overrides": [*RECIPES[name], *overrides], "steps": steps})
+            proc = subprocess.run([sys.executable, __file__, "--time-step", job], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"timing {name} failed:\n{proc.stderr[-2000:]}")
+            times[name].append(float(proc.stdout.strip().splitlines()[-1]))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def time_step(job: dict) -> float:
+    """One timing process: the recipe's Trainer, then the median of its steps (fairness.measure_seconds_per_step,
+    the iso_time calibration's own timer, after its warm-up step)."""
+    cfg = load_config(job["overrides"])
+    trainer = Trainer(cfg, prepare(cfg.data, progress=False), resolve_device(cfg.device))
+    return measure_seconds_per_step(trainer, job["steps"])
 
 
 def print_baselines(result: dict) -> None:
@@ -262,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="train each recipe for the steps a --time-only run wrote (timed quietly; the runs may share the CPU)",
     )
+    parser.add_argument("--time-step", help=argparse.SUPPRESS)  # a timing process's job (seconds_per_step)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every recipe, after --")
     return parser
 
@@ -269,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
+    if args.time_step:
+        print(time_step(json.loads(args.time_step)))
+        return
     if args.score:
         try:
             print(json.dumps(score(args.score)))
