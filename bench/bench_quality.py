@@ -62,6 +62,8 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table.
+    "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0"],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
     "round2": [
         "model.block_size=64",
@@ -69,6 +71,8 @@ RECIPES = {
         "model.attn_gate=null",
         "model.tie_embeddings=true",
         "optim.embedding_lr=null",
+        "optim.muon_weight_decay=0.0",
+        "optim.embedding_weight_decay=0.0",
     ],
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
     "adamw": [
