@@ -128,7 +128,9 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parame
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, device_type: str, precision: str = "fp32"
+) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
     decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": cfg.embedding_weight_decay}
     peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr}  # None: cfg.lr
@@ -147,11 +149,12 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str) -> tor
             group |= {"lr_scale": cfg.muon_lr / cfg.lr, "weight_decay": cfg.muon_weight_decay, "eps": 1e-7}
             group |= {"momentum": cfg.muon_momentum, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS}
             group |= {"ns_steps": 5}
-    # Newton-Schulz in bf16 (torch.optim.Muon's choice) where the hardware has it: on a Zen 4 the default's
-    # optimizer step takes 15 ms instead of 22 (docs/recipe/round4.md). CPUs that emulate bf16 (AVX2 only)
-    # iterate in fp32: there a 768x512x512 bf16 matmul took 760 ms against fp32's 13.
-    native_bf16 = device_type == "cuda" or (device_type == "cpu" and cpu_supports_bf16())
-    ns_dtype = torch.bfloat16 if native_bf16 else torch.float32
+    # Newton-Schulz in bf16 (torch.optim.Muon's choice) on GPUs, and on a CPU whose run is in bf16 (`precision`,
+    # resolved) and has it natively: on a Zen 4 the default's optimizer step takes 15 ms instead of 22
+    # (docs/recipe/round4.md). A CPU run in fp32 iterates in fp32, so it stays exact (DDP = one process); so do
+    # CPUs that emulate bf16 (AVX2 only), where a 768x512x512 bf16 matmul took 760 ms against fp32's 13.
+    cpu_bf16 = device_type == "cpu" and precision == "bf16" and cpu_supports_bf16()
+    ns_dtype = torch.bfloat16 if device_type == "cuda" or cpu_bf16 else torch.float32
     return MuonAdamW(groups, lr=cfg.lr, ns_dtype=ns_dtype)
 
 

@@ -67,7 +67,7 @@ class Trainer:
         self.metrics: dict[str, float] = {}  # the last evaluation's
 
     def new_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return build_optimizer(model, self.cfg.optim, self.device.type)
+        return build_optimizer(model, self.cfg.optim, self.device.type, self.precision)
 
     @property
     def tokens_per_step(self) -> int:

@@ -84,12 +84,17 @@ def test_adamw_decays_matrices_but_not_embeddings_gains_or_biases():
     assert {g["role"]: g["weight_decay"] for g in opt.param_groups}["embedding"] == 0.05
 
 
-@pytest.mark.parametrize("native_bf16, ns_dtype", [(True, torch.bfloat16), (False, torch.float32)])
-def test_newton_schulz_runs_in_bf16_only_where_the_cpu_has_it(monkeypatch, native_bf16, ns_dtype):
-    # An AVX2-only CPU emulates bf16: its Newton-Schulz would take ~50x fp32's time.
+@pytest.mark.parametrize(
+    "native_bf16, precision, ns_dtype",
+    [(True, "bf16", torch.bfloat16), (True, "fp32", torch.float32), (False, "bf16", torch.float32)],
+)
+def test_newton_schulz_runs_in_bf16_only_in_a_bf16_run_on_a_cpu_that_has_it(
+    monkeypatch, native_bf16, precision, ns_dtype
+):
+    # An AVX2-only CPU emulates bf16: its Newton-Schulz would take ~50x fp32's time. An fp32 run stays exact.
     monkeypatch.setattr(optim, "cpu_supports_bf16", lambda: native_bf16)
     model = GPT(GPTConfig(**TINY.__dict__))
-    assert build_optimizer(model, OptimConfig(optimizer="muon"), "cpu").ns_dtype == ns_dtype
+    assert build_optimizer(model, OptimConfig(optimizer="muon"), "cpu", precision).ns_dtype == ns_dtype
 
 
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
