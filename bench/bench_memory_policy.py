@@ -13,7 +13,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,9 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from bench.bench_train import load_config
+from bench.bench_train import in_fresh_process, load_config
 from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
+from studies.fairness import measure_seconds_per_step
 from training import trainer
 from training.runtime import device_name
 
@@ -33,27 +33,18 @@ POLICIES = ("glibc's own", "keep freed memory")
 
 
 def measure(job: dict) -> dict:
-    """One process: the policy, warm-up steps, then each timed step's seconds and the page faults a step."""
+    """One process: the policy, warm-up steps, then the median step (fairness.measure_seconds_per_step, the
+    timer bench_quality and the iso_time calibration use) and the page faults a step while it ran."""
     if not job["keep"]:
         trainer.keep_freed_memory = lambda: False  # glibc's own policy: mmap a large block, unmap it on free
     cfg = load_config(["out_dir=unused"] + job["overrides"])
     run = trainer.Trainer(cfg, prepare(cfg.data, progress=False), torch.device("cpu"))
     for _ in range(job["warmup"]):
         run.step(cfg.optim.lr)
-    seconds = []
     faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(job["steps"]):
-        start = time.perf_counter()
-        run.step(cfg.optim.lr)
-        seconds.append(time.perf_counter() - start)
+    seconds = measure_seconds_per_step(run, job["steps"])  # its own warm-up step, then `steps` timed ones
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
-    return {"ms": statistics.median(seconds) * 1e3, "faults_per_step": faults / job["steps"]}
-
-
-def in_child(job: dict) -> dict:
-    cmd = [sys.executable, __file__, "--worker", json.dumps(job)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {"ms": seconds * 1e3, "faults_per_step": faults / (job["steps"] + 1)}
 
 
 def main() -> None:
@@ -78,7 +69,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for policy in POLICIES:
             job = {"keep": policy != POLICIES[0], "steps": args.steps, "warmup": args.warmup}
-            results[policy].append(in_child(job | {"overrides": args.overrides}))
+            results[policy].append(in_fresh_process(__file__, "--worker", job | {"overrides": args.overrides}))
     print(f"{'policy':<20}{'ms/step (median)':>18}{'per round':>32}{'page faults/step':>18}")
     medians = {}
     for policy, rows in results.items():

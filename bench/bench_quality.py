@@ -47,7 +47,7 @@ from analysis.full_val import score_checkpoint
 from analysis.stats import fmt_interval, t_interval
 from analysis.trained import find_checkpoint
 from bench import classical
-from bench.bench_train import load_config
+from bench.bench_train import in_fresh_process, load_config
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least
 from data.config import DataConfig
@@ -155,11 +155,8 @@ def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 15, 
     times: dict[str, list[float]] = {name: [] for name in recipes}
     for _ in range(rounds):
         for name in recipes:
-            job = json.dumps({"overrides": [*RECIPES[name], *overrides], "steps": steps})
-            proc = subprocess.run([sys.executable, __file__, "--time-step", job], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"timing {name} failed:\n{proc.stderr[-2000:]}")
-            times[name].append(float(proc.stdout.strip().splitlines()[-1]))
+            job = {"overrides": [*RECIPES[name], *overrides], "steps": steps}
+            times[name].append(in_fresh_process(__file__, "--time-step", job))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -286,7 +283,7 @@ def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     if args.time_step:
-        print(time_step(json.loads(args.time_step)))
+        print(json.dumps(time_step(json.loads(args.time_step))))
         return
     if args.score:
         try:

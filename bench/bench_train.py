@@ -218,13 +218,22 @@ def measure_interleaved(jobs: list[dict]) -> list[dict]:
     return [summarize(row_times, batch, info) for (_, batch, info), row_times in zip(rows, times, strict=True)]
 
 
-def run_worker(payload: dict | list[dict]) -> dict | list[dict] | None:
-    """A fresh process measuring one row (dict) or several interleaved (list)."""
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(payload)], capture_output=True, text=True)
+def in_fresh_process(script: str, flag: str, job: object) -> object:
+    """`python script flag JSON(job)` in a process of its own (a benchmark's worker); the JSON its last line of
+    output prints. A failure raises RuntimeError with the end of its stderr."""
+    proc = subprocess.run([sys.executable, script, flag, json.dumps(job)], capture_output=True, text=True)
     if proc.returncode != 0:
-        print(f"  failed: {payload}\n{proc.stderr[-1500:]}", file=sys.stderr)
-        return None
+        raise RuntimeError(f"{Path(script).name} {flag} {json.dumps(job)} failed:\n{proc.stderr[-1500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_worker(payload: dict | list[dict]) -> dict | list[dict] | None:
+    """A fresh process measuring one row (dict) or several interleaved (list); None, said, if it failed."""
+    try:
+        return in_fresh_process(__file__, "--worker", payload)
+    except RuntimeError as e:
+        print(f"  {e}", file=sys.stderr)
+        return None
 
 
 def throughput_table(args: argparse.Namespace) -> None:
