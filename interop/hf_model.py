@@ -130,7 +130,7 @@ def to_hf_config(config: GPTConfig, eos_token_id: int | None = None) -> "GPT2Con
         activation_function="gelu_new",
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
+        attn_pdrop=config.attention_dropout,
         layer_norm_epsilon=LAYER_NORM_EPS,
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
@@ -152,8 +152,9 @@ def from_hf_config(hf: "GPT2Config") -> GPTConfig:
         if refused:
             raise ValueError(f"GPT-2 config {name}={getattr(hf, name)!r} is not supported: it {rule}")
     dropout = float(hf.resid_pdrop)
-    if not dropout == hf.embd_pdrop == hf.attn_pdrop:  # we have one dropout knob; fine-tuning is rare here
+    if dropout != hf.embd_pdrop:  # one knob covers both; fine-tuning is rare here
         dropout = 0.0
+    attn_dropout = None if hf.attn_pdrop == dropout else float(hf.attn_pdrop)
     return GPTConfig(
         vocab_size=hf.vocab_size,
         block_size=hf.n_positions,
@@ -162,6 +163,7 @@ def from_hf_config(hf: "GPT2Config") -> GPTConfig:
         d_model=hf.n_embd,
         d_ff=hf.n_inner,
         dropout=dropout,
+        attn_dropout=attn_dropout,
         bias=True,
     )
 

@@ -198,7 +198,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.kv_heads
         self.d_k = config.head_dim
         self.backend = config.attn_backend
-        self.dropout = config.dropout
+        self.dropout = config.attention_dropout
         self.softcap = config.attn_softcap
         self.window = config.layer_window(layer)  # keys a query sees (sliding window), or None: every earlier key
         q_dim, kv_dim = self.n_head * self.d_k, self.n_kv_head * self.d_k

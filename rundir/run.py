@@ -181,6 +181,7 @@ class Run:
 RESUMABLE_MODEL_FIELDS = {
     "attn_backend",  # explicit / sdpa / materialized compute the same attention (tests prove it)
     "dropout",  # regularisation only; the weights mean the same with or without it
+    "attn_dropout",
 }
 # Allowed to change on resume, but then the run no longer matches an uninterrupted one.
 TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "global_batch_size", "max_steps", "optim", "precision")

@@ -150,3 +150,23 @@ def test_a_module_in_training_on_cpu_takes_the_materialized_path_and_agrees_with
 def test_materialized_module_rejects_dropout():
     with pytest.raises(ValueError, match="attn_backend='materialized' has no attention dropout"):
         GPTConfig(d_model=32, n_head=4, dropout=0.1, attn_backend="materialized").validate()
+
+
+def test_residual_dropout_without_attention_dropout_keeps_the_materialized_kernel(monkeypatch):
+    config = GPTConfig(d_model=32, n_head=4, dropout=0.1, attn_dropout=0.0)
+    config.validate()
+    assert config.attention_dropout == 0.0 and GPTConfig(dropout=0.1).attention_dropout == 0.1
+    GPTConfig(d_model=32, n_head=4, dropout=0.1, attn_dropout=0.0, attn_backend="materialized").validate()
+    attn = CausalSelfAttention(config).train()
+    calls = []
+    original = materialized._CausalMaterializedAttention.apply
+    monkeypatch.setattr(materialized._CausalMaterializedAttention, "apply", lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(2, 20, 32)
+    torch.manual_seed(0)
+    first = attn(x)
+    torch.manual_seed(1)
+    second = attn(x)
+    assert len(calls) == 2  # no attention dropout: the fast kernel
+    assert not torch.equal(first, second)  # the output's dropout still draws
+    with torch.no_grad():
+        assert torch.equal(attn.eval()(x), attn(x))

@@ -110,9 +110,9 @@ def test_resume_allows_only_the_commented_fields_to_change(tmp_path):
     trainer = tiny_trainer(tmp_path)
     saved = {k: getattr(trainer.cfg.model, k) for k in trainer.cfg.model.__dataclass_fields__}
     trainer.cfg.model.attn_backend = "explicit"
-    trainer.cfg.model.dropout = 0.1
+    trainer.cfg.model.dropout = trainer.cfg.model.attn_dropout = 0.1
     check_same_model(saved, asdict(trainer.cfg.model), "checkpoint 'x'")
-    assert RESUMABLE_MODEL_FIELDS == {"attn_backend", "dropout"}
+    assert RESUMABLE_MODEL_FIELDS == {"attn_backend", "dropout", "attn_dropout"}
 
 
 def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tmp_path, caplog):
