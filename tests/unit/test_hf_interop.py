@@ -164,6 +164,15 @@ def test_import_refuses_gpt2_settings_we_do_not_implement(field, value, message)
         from_hf_config(config)
 
 
+def test_attention_dropout_travels_apart_from_the_residual_dropout():
+    ours = GPTConfig(vocab_size=VOCAB, block_size=32, d_model=48, n_head=4, dropout=0.1, attn_dropout=0.0)
+    hf = to_hf_gpt2(GPT(ours)).config
+    assert (hf.resid_pdrop, hf.embd_pdrop, hf.attn_pdrop) == (0.1, 0.1, 0.0)
+    back = from_hf_config(hf)
+    assert (back.dropout, back.attention_dropout) == (0.1, 0.0)
+    assert from_hf_config(to_hf_gpt2(GPT(replace(ours, attn_dropout=None))).config).attn_dropout is None
+
+
 def test_convert_script_exports_and_imports_checkpoints(tmp_path, monkeypatch):
     tok = CharTokenizer("\n abcdefghijklmnopqrstuvwxyz")
     torch.manual_seed(0)
