@@ -2,10 +2,11 @@
 
 A file holds the model weights (`model.*`), the optimizer state (`optim.*`), the RNG states
 (`rng.*`) and, in the header, the resolved config, tokenizer identity, step and the rest of the
-run state. A SHA-256 over the header and every tensor's bytes is stored beside them, so a
-truncated, bit-flipped or hand-edited file is refused (integrity, not authentication: anyone can
-recompute it). The file is written to a temporary file, fsynced and renamed, so a crash at any
-instant leaves the previous checkpoint whole.
+run state. Under weight averaging `model.*` is the average (the run's result, which inference reads) and
+`train.*` the weights training continues from. A SHA-256 over the header and every tensor's bytes is
+stored beside them, so a truncated, bit-flipped or hand-edited file is refused (integrity, not
+authentication: anyone can recompute it). The file is written to a temporary file, fsynced and renamed,
+so a crash at any instant leaves the previous checkpoint whole.
 """
 
 import hashlib
@@ -118,10 +119,20 @@ def digest(header: str, tensors: dict[str, Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, meta: dict) -> Path:
-    """Write model + optimizer + RNG + meta atomically to `path`."""
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict,
+    averaged: dict[str, Tensor] | None = None,
+) -> Path:
+    """Write model + optimizer + RNG + meta atomically to `path`; with `averaged` (a weight average's state
+    dict), that is stored as the model and `model`'s own weights as `train.*`."""
     path = Path(path)
-    tensors = {f"model.{k}": v for k, v in clean_state_dict(model).items()}
+    weights = clean_state_dict(model)
+    tensors = {f"model.{k}": v for k, v in (weights if averaged is None else averaged).items()}
+    if averaged is not None:
+        tensors |= {f"train.{k}": v for k, v in weights.items()}
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
     if optimizer is not None:
         optim_tensors, param_groups = optimizer_tensors(optimizer)
@@ -174,10 +185,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(meta=meta, tensors=tensors)
 
 
-def load_model_weights(model: nn.Module, ckpt: Checkpoint) -> None:
-    """Load weights; only tied copies may be absent from the file."""
+def load_model_weights(model: nn.Module, ckpt: Checkpoint, section: str = "model.") -> None:
+    """Load weights (`section`: "train." for the ones training continues from); only tied copies may be absent
+    from the file."""
     target = unwrap(model)
-    weights = ckpt.section("model.")
+    weights = ckpt.section(section)
     expected = target.state_dict()
     for name, tensor in weights.items():
         if name in expected and expected[name].shape != tensor.shape:

@@ -185,12 +185,20 @@ class CheckpointDir:
                 path.unlink(missing_ok=True)
                 self.owned.discard(name)
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any], step: int, is_best: bool):
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meta: dict[str, Any],
+        step: int,
+        is_best: bool,
+        averaged: dict[str, torch.Tensor] | None = None,
+    ):
         name = f"step_{step:07d}.safetensors"
         if (self.directory / name).is_symlink():
             raise ValueError(f"{self.directory / name} is a symlink; this run will not write through it")
         try:
-            path = save_checkpoint(self.directory / name, model, optimizer, meta)
+            path = save_checkpoint(self.directory / name, model, optimizer, meta, averaged)
             self.owned.add(name)
             if is_best and not (self.directory / BEST).is_symlink():
                 link_or_copy(path, self.directory / BEST)

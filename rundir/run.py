@@ -149,11 +149,12 @@ class Run:
         data: PreparedData,
         metrics: dict[str, float],
         is_best: bool,
+        averaged: dict[str, torch.Tensor] | None = None,
     ) -> Path:
-        """checkpoints/step_N.safetensors (and best.safetensors when `is_best`): weights, optimizer, RNG,
-        counters, the config, what the data was and the last evaluation's metrics."""
+        """checkpoints/step_N.safetensors (and best.safetensors when `is_best`): weights (and their average),
+        optimizer, RNG, counters, the config, what the data was and the last evaluation's metrics."""
         meta = checkpoint_meta(state, config, data, metrics)
-        return self.checkpoints.save(model, optimizer, meta, state.step, is_best)
+        return self.checkpoints.save(model, optimizer, meta, state.step, is_best, averaged)
 
     def finish(self, state: "RunState", metrics: dict[str, float]) -> None:
         """summary.json: final metrics and speed of a finished run (tokens/s: the median over log intervals)."""
@@ -194,6 +195,7 @@ class RunState:
     skipped_steps: int = 0  # non-finite steps dropped under on_nonfinite=skip
     wandb_run_id: str | None = None
     elapsed_s: float = 0.0  # training wall-clock so far: a budget_s run resumes its schedule from here
+    averaged_steps: int = 0  # steps in the weight average (training/average.py); its weights are model.*
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> "RunState":
@@ -270,7 +272,7 @@ def restore(
     dict); RNG states are restored by the caller, just before the first step."""
     ckpt = ckpt_io.load_checkpoint(path)
     check_compatible(ckpt, path, config, data)
-    ckpt_io.load_model_weights(model, ckpt)
+    ckpt_io.load_model_weights(model, ckpt, "train." if ckpt.section("train.") else "model.")
     ckpt_io.restore_optimizer(optimizer, ckpt)
     state = RunState.from_meta(ckpt.meta)
     log.info("resuming from %s at step %d", path, state.step)

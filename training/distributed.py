@@ -211,6 +211,14 @@ def wrap(
     return model, optimizer
 
 
+def reshard(model: nn.Module) -> None:
+    """Under FSDP2, every module's parameters back to their shards (the root's stay gathered after a
+    forward without backward, an evaluation's); without FSDP nothing."""
+    for module in model.modules():
+        if hasattr(module, "set_requires_gradient_sync") and hasattr(module, "reshard"):  # an FSDPModule
+            module.reshard()
+
+
 def grad_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
     """Context for one micro-step's backward: gradients are reduced across ranks only when `enabled` (the
     last accumulation step; DDP `no_sync`, FSDP2 `set_requires_gradient_sync` for the others)."""

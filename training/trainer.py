@@ -17,8 +17,10 @@ from torch import Tensor, nn
 
 from data.batches import PreparedData, batch_layout, eval_batches, sample_batch
 from model.gpt import GPT
+from rundir.checkpoint import clean_state_dict
 from rundir.run import Run, RunState
 from training import distributed
+from training.average import WeightAverage
 from training.config import TrainConfig
 from training.distributed import DistInfo
 from training.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
@@ -58,6 +60,7 @@ class Trainer:
         self.model = GPT(cfg.model).to(device)
         self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
         self.optimizer = self.new_optimizer(self.model)
+        self.average = WeightAverage(cfg.optim.average_from, cfg.optim.average_power)
         # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.state = RunState()
@@ -82,6 +85,7 @@ class Trainer:
         probe.optimizer = probe.new_optimizer(probe.model)
         probe.scaler = torch.amp.GradScaler(self.device.type, enabled=self.scaler.is_enabled())
         probe.state, probe.run = RunState(), None
+        probe.average = WeightAverage(self.cfg.optim.average_from, self.cfg.optim.average_power)
         return probe
 
     # -- one optimizer step ---------------------------------------------------------------------------------
@@ -152,8 +156,10 @@ class Trainer:
         return (total / len(batches)).item()
 
     def evaluate(self) -> dict[str, float]:
-        """Val loss, perplexity and bits/byte on the run's fixed val batches, shared out over ranks."""
-        loss = distributed.sharded_mean_loss(self.mean_loss, self.val_batches, self.dist, self.device)
+        """Val loss, perplexity and bits/byte on the run's fixed val batches, shared out over ranks (of the
+        weight average, once there is one)."""
+        with self.average.swapped_in(self.model):
+            loss = distributed.sharded_mean_loss(self.mean_loss, self.val_batches, self.dist, self.device)
         self.metrics = {
             "val/loss": loss,
             "val/ppl": math.exp(min(loss, 50.0)),
@@ -165,6 +171,14 @@ class Trainer:
         """A checkpoint of the whole state (FSDP shards gathered to rank 0, which writes it); weights an
         update made non-finite are refused, so the last checkpoint stays a good one."""
         assert self.run is not None, "save() needs the run directory that train() sets"
+        self.state.averaged_steps = self.average.count
+        averaged = None
+        if self.average.active:  # the average is the run's result; training continues from its own weights
+            with self.average.swapped_in(self.model):
+                plain, _ = distributed.gather_for_save(
+                    self.model, None, lambda: GPT(self.cfg.model), self.new_optimizer, self.dist
+                )
+                averaged = plain and {k: v.clone() for k, v in clean_state_dict(plain).items()}
         model, optimizer = distributed.gather_for_save(
             self.model, self.optimizer, lambda: GPT(self.cfg.model), self.new_optimizer, self.dist
         )
@@ -175,7 +189,9 @@ class Trainer:
                 raise FloatingPointError(
                     f"step {self.state.step}: weights {', '.join(bad[:3])} are not finite; not saving them"
                 )
-            return self.run.save(model, optimizer, self.state, asdict(self.cfg), self.data, self.metrics, is_best)
+            return self.run.save(
+                model, optimizer, self.state, asdict(self.cfg), self.data, self.metrics, is_best, averaged
+            )
 
         return Path(distributed.broadcast_object(str(distributed.on_main(write, self.dist)), self.dist))
 
@@ -215,7 +231,9 @@ class Trainer:
             self.evaluate_and_save(clock, save=False)  # the loss at init, and what an evaluation costs
         now, _ = clock.agreed()
         while not self.finished(now, clock):
-            result = self.step(lr_at(self.state.step, self.progress(now), cfg.optim))
+            progress = self.progress(now)
+            result = self.step(lr_at(self.state.step, progress, cfg.optim))
+            self.average.update(self.model, progress)
             clock.lap()
             now, requested = clock.agreed(stop.requested)  # one all-reduce a step, under torchrun
             last = self.finished(now, clock)
@@ -230,6 +248,7 @@ class Trainer:
                 raise RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
         self.state.elapsed_s = clock.local()
         run.finish(self.state, self.metrics)
+        self.average.install(self.model)  # what the run returns and samples
         return self.metrics
 
     def finished(self, now: float, clock: "Clock") -> bool:

@@ -152,6 +152,7 @@ def test_ranks_exchange_values_without_pickle(tmp_path):
 # --- 2-process training equals 1-process training ---------------------------------------------------
 
 EXACT = ["precision=fp32", "max_steps=4", "eval_interval=2", "log_interval=1", "optim.warmup_steps=2"]
+EXACT += ["optim.average_from=0.25"]  # a weight average (sharded under FSDP) from step 2: saved, resumed, sampled
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -200,17 +201,25 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
     sample_cfg = SampleConfig(checkpoint=str(checkpoints / "step_0000004.safetensors"), device="cpu", sampling=sampling)
     samples = sample(sample_cfg, out=io.StringIO())
     assert len(samples) == 1 and len(samples[0]) > len(sample_cfg.prompt)
-    two_final = load_checkpoint(checkpoints / "step_0000004.safetensors").section("model.")
-    one_final = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_0000004.safetensors").section("model.")
-    assert two_final.keys() == one_final.keys()
-    for name, tensor in one_final.items():
-        torch.testing.assert_close(two_final[name], tensor, atol=1e-5, rtol=0, msg=name)
+    two_final = load_checkpoint(checkpoints / "step_0000004.safetensors")
+    one_final = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_0000004.safetensors")
+    assert_same_weights(two_final, one_final)
     resume = f"resume={checkpoints / 'step_0000002.safetensors'}"
     train(to_train_config(compose_config([*base, f"out_dir={tmp_path / 'resumed'}", resume])))
     resumed = losses(tmp_path / "resumed")
     assert resumed.keys() == {3, 4}
     for step in resumed:
         assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
+    assert_same_weights(load_checkpoint(tmp_path / "resumed" / "checkpoints" / "step_0000004.safetensors"), one_final)
+
+
+def assert_same_weights(ckpt, reference) -> None:
+    """The average (model.*) and the weights training continues from (train.*), tensor by tensor."""
+    for section in ("model.", "train."):
+        got, want = ckpt.section(section), reference.section(section)
+        assert got.keys() == want.keys() and want
+        for name, tensor in want.items():
+            torch.testing.assert_close(got[name], tensor, atol=1e-5, rtol=0, msg=section + name)
 
 
 @pytest.mark.slow
