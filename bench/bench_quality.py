@@ -62,8 +62,10 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
-    # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table.
-    "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0"],
+    # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
+    "round4": ["optim.average_from=null"],
+    # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
+    "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0", "optim.average_from=null"],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
     "round2": [
         "model.block_size=64",
@@ -73,6 +75,7 @@ RECIPES = {
         "optim.embedding_lr=null",
         "optim.muon_weight_decay=0.0",
         "optim.embedding_weight_decay=0.0",
+        "optim.average_from=null",
     ],
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
     "adamw": [

@@ -195,7 +195,7 @@ class RunState:
     skipped_steps: int = 0  # non-finite steps dropped under on_nonfinite=skip
     wandb_run_id: str | None = None
     elapsed_s: float = 0.0  # training wall-clock so far: a budget_s run resumes its schedule from here
-    averaged_steps: int = 0  # steps in the weight average (training/average.py); its weights are model.*
+    average_progress: float | None = None  # of the last step in the weight average (training/average.py)
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> "RunState":

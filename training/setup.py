@@ -81,7 +81,7 @@ def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> 
     resumed = None
     if resume_path is not None:
         trainer.state, resumed = restore(resume_path, asdict(cfg), trainer.model, trainer.optimizer, data)
-        trainer.average.load(resumed.section("model."), trainer.state.averaged_steps)
+        trainer.average.load(resumed.section("model."), trainer.state.average_progress)
         trainer.metrics = resumed.meta.get("metrics") or {}
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:

@@ -60,7 +60,7 @@ class Trainer:
         self.model = GPT(cfg.model).to(device)
         self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
         self.optimizer = self.new_optimizer(self.model)
-        self.average = WeightAverage(cfg.optim.average_from, cfg.optim.average_power)
+        self.average = WeightAverage(cfg.optim.average_from, cfg.optim.average_window)
         # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.state = RunState()
@@ -85,7 +85,7 @@ class Trainer:
         probe.optimizer = probe.new_optimizer(probe.model)
         probe.scaler = torch.amp.GradScaler(self.device.type, enabled=self.scaler.is_enabled())
         probe.state, probe.run = RunState(), None
-        probe.average = WeightAverage(self.cfg.optim.average_from, self.cfg.optim.average_power)
+        probe.average = WeightAverage(self.cfg.optim.average_from, self.cfg.optim.average_window)
         return probe
 
     # -- one optimizer step ---------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class Trainer:
         """A checkpoint of the whole state (FSDP shards gathered to rank 0, which writes it); weights an
         update made non-finite are refused, so the last checkpoint stays a good one."""
         assert self.run is not None, "save() needs the run directory that train() sets"
-        self.state.averaged_steps = self.average.count
+        self.state.average_progress = self.average.progress
         averaged = None
         if self.average.active:  # the average is the run's result; training continues from its own weights
             with self.average.swapped_in(self.model):

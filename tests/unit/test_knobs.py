@@ -204,16 +204,21 @@ def test_the_default_run_is_the_measured_recipe():
     assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", False)
     assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
     assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
+    assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
     with pytest.raises(ValueError, match="pos_encoding"):  # so it does not export; model=gpt2 does
         check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))
     check_gpt2_compatible(GPTConfig(**{**compose_config(["model=gpt2"]).model, "vocab_size": 4096}))
 
 
-@pytest.mark.parametrize("experiment", ["noise_floor", "vaswani_a_default", "bpe_budget", "nanochat_cpu"])
-def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed(experiment):
-    # Round 4 decays both by default; these recipes' committed results were measured without.
+@pytest.mark.parametrize(
+    "experiment",
+    ["noise_floor", "vaswani_a_default", "vaswani_b_default", "bottleneck_default", "bpe_budget", "nanochat_cpu"],
+)
+def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed_and_unaveraged(experiment):
+    # Round 4 decays both and round 5 averages the weights by default; these recipes' committed results
+    # were measured without.
     o = compose_config([f"+experiment={experiment}"]).optim
-    assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.0, 0.0)
+    assert (o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (0.0, 0.0, None)
 
 
 def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_learned_positions():
