@@ -81,7 +81,7 @@ def main() -> None:
         trainer.model.train()
         start = time.perf_counter()
         for _ in range(args.steps):
-            trainer.step(trainer.cfg.optim.lr)
+            trainer.advance(1.0)
         return (time.perf_counter() - start) / args.steps
 
     prompt = torch.from_numpy(data.val[:16].astype("int64"))[None].to(device)

@@ -152,14 +152,15 @@ def max_steps_for(cfg: FairnessConfig, probe: Trainer) -> int:
 
 
 def measure_seconds_per_step(probe: Trainer, steps: int) -> float:
-    """Median seconds of `probe.step` (the run's own step) after a warm-up step. The probe is a throw-away
-    copy (Trainer.probe) and the RNG is forked, so the run is the same as without calibration."""
+    """Median seconds of `probe.advance` (the run's own step, as late in the run as it gets: with the weight
+    average's update) after a warm-up step. The probe is a throw-away copy (Trainer.probe) and the RNG is
+    forked, so the run is the same as without calibration."""
     devices = [p.device for p in probe.model.parameters() if p.device.type == "cuda"][:1]
     times = []
     with torch.random.fork_rng(devices=devices):
         for i in range(steps + 1):
             t0 = time.perf_counter()
-            probe.step(probe.cfg.optim.lr)  # reads the loss on the host, so the device has finished
+            probe.advance(1.0)  # reads the loss on the host, so the device has finished
             if i > 0:
                 times.append(time.perf_counter() - t0)
     return statistics.median(times)

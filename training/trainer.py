@@ -139,6 +139,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss, norm, lr, applied)
 
+    def advance(self, progress: float) -> StepResult:
+        """The loop's step at `progress` (the fraction of training done): the schedule's lr, one optimizer
+        step, then the weight average folds it in (from optim.average_from on). What iso-time calibration
+        and the benchmarks time."""
+        result = self.step(lr_at(self.state.step, progress, self.cfg.optim))
+        self.average.update(self.model, progress)
+        return result
+
     # -- evaluation and checkpoints -------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -231,9 +239,7 @@ class Trainer:
             self.evaluate_and_save(clock, save=False)  # the loss at init, and what an evaluation costs
         now, _ = clock.agreed()
         while not self.finished(now, clock):
-            progress = self.progress(now)
-            result = self.step(lr_at(self.state.step, progress, cfg.optim))
-            self.average.update(self.model, progress)
+            result = self.advance(self.progress(now))
             clock.lap()
             now, requested = clock.agreed(stop.requested)  # one all-reduce a step, under torchrun
             last = self.finished(now, clock)
