@@ -41,6 +41,8 @@ class WeightAverage:
     @torch.no_grad()
     def update(self, model: nn.Module, progress: float) -> None:
         """Fold in the weights of the step taken at `progress`, once training is `start` of the way through."""
+        if self.progress is not None and progress < self.progress:  # resumed with a longer run: its schedule
+            self.progress, self.weights, self.saved = None, None, None  # went back, so the average starts again
         if self.start is None or progress < self.start:
             return
         params = parameters(model)

@@ -81,6 +81,17 @@ def test_a_checkpoint_holds_the_average_as_its_model_and_its_own_weights_to_cont
     assert first.meta["average_progress"] is None and not first.section("train.")  # before the average: as ever
 
 
+def test_a_finished_run_continued_for_longer_averages_afresh_where_its_schedule_went_back(
+    averaged_run, tiny_run_overrides
+):
+    continued = ["max_steps=30", "eval_interval=5", "optim.average_from=0.5", "resume=auto", "keep_last=null"]
+    run_train([*tiny_run_overrides, *continued])
+    back = load_checkpoint(averaged_run / "checkpoints" / "step_0000015.safetensors")  # progress 0.5 of 30
+    assert back.meta["average_progress"] is None and not back.section("train.")
+    end = load_checkpoint(averaged_run / "checkpoints" / "step_0000030.safetensors")
+    assert end.meta["average_progress"] == pytest.approx(29 / 30) and end.section("train.")
+
+
 def test_a_run_without_averaging_keeps_its_checkpoints_as_they_were(tiny_run_overrides, tmp_path):
     run_train([*tiny_run_overrides, "max_steps=4", "optim.average_from=null"])
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000004.safetensors")
