@@ -4,6 +4,7 @@ single-process run is exactly what it was. NCCL on CUDA, gloo on CPU; which sequ
 trains on is data/batches.py."""
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -114,6 +115,9 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
             dist.barrier()
     finally:
         if created:
+            # Free what the block left (FSDP2's async collectives hold tensors) while the group and the
+            # interpreter are whole: freed at exit instead, gloo's work takes the GIL mid-teardown and aborts.
+            gc.collect()
             dist.destroy_process_group()
 
 

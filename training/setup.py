@@ -37,33 +37,38 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     training.runtime.RunInterrupted, a non-finite step under on_nonfinite=stop FloatingPointError."""
     cfg.validate()
     with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device):
-        cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
-        run = Run(cfg.out_dir, cfg.keep_last)
-        distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
-        try:
-            trainer, resumed = set_up(cfg, run, dist, device)
-        except BaseException:
-            run.release(discard=True)  # refused at start-up: a directory made for it goes again
-            raise
-        try:
-            if trainer.run is None:  # resumed a finished run: its records stay as they are
-                return trainer.metrics
-            # From the first file written a signal stops the run at a saved step (wandb's start takes seconds).
-            with StopSignals() as stop:
-                start_records(trainer)
-                warn_if_busy(cfg, dist)
-                if resumed is not None:
-                    restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
-                metrics = trainer.fit(stop)
-            run.close()
-            if dist.is_main:
-                plot_run(Path(cfg.out_dir))
-            if cfg.sample_tokens > 0:
-                print_sample(trainer)
-            return metrics
-        finally:
-            run.close()
-            run.release(discard=True)  # a run that wrote nothing (a full disk at its first save) leaves no trace
+        return train_in_group(cfg, dist, device)  # its trainer is gone before the group is
+
+
+def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> dict[str, Any]:
+    """train() inside the process group: the run directory, set-up, the loop and what follows it."""
+    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
+    run = Run(cfg.out_dir, cfg.keep_last)
+    distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
+    try:
+        trainer, resumed = set_up(cfg, run, dist, device)
+    except BaseException:
+        run.release(discard=True)  # refused at start-up: a directory made for it goes again
+        raise
+    try:
+        if trainer.run is None:  # resumed a finished run: its records stay as they are
+            return trainer.metrics
+        # From the first file written a signal stops the run at a saved step (wandb's start takes seconds).
+        with StopSignals() as stop:
+            start_records(trainer)
+            warn_if_busy(cfg, dist)
+            if resumed is not None:
+                restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
+            metrics = trainer.fit(stop)
+        run.close()
+        if dist.is_main:
+            plot_run(Path(cfg.out_dir))
+        if cfg.sample_tokens > 0:
+            print_sample(trainer)
+        return metrics
+    finally:
+        run.close()
+        run.release(discard=True)  # a run that wrote nothing (a full disk at its first save) leaves no trace
 
 
 def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> tuple[Trainer, Checkpoint | None]:
