@@ -35,14 +35,19 @@ class WeightAverage:
     def load(self, weights: dict[str, Tensor], progress: float | None) -> None:
         """A checkpoint's averaged weights (by parameter name) and progress; dropped where this run does not
         average (it continues from the checkpoint's own weights)."""
-        keep = progress is not None and self.start is not None
-        self.saved, self.progress, self.weights = (weights, progress, None) if keep else (None, None, None)
+        self.clear()
+        if progress is not None and self.start is not None:
+            self.saved, self.progress = weights, progress
+
+    def clear(self) -> None:
+        """No average yet: the next step from `start` on begins one."""
+        self.progress, self.weights, self.saved = None, None, None
 
     @torch.no_grad()
     def update(self, model: nn.Module, progress: float) -> None:
         """Fold in the weights of the step taken at `progress`, once training is `start` of the way through."""
         if self.progress is not None and progress < self.progress:  # resumed with a longer run: its schedule
-            self.progress, self.weights, self.saved = None, None, None  # went back, so the average starts again
+            self.clear()  # went back, so the average starts again
         if self.start is None or progress < self.start:
             return
         params = parameters(model)
