@@ -62,20 +62,14 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
-    # The default before round 6 (docs/recipe/round6.md): 4 layers.
-    "round5": ["model.n_layer=4"],
+    # Round 6's leading candidate, not resolved (docs/recipe/round6.md): the default 6 layers deep.
+    "layers_6": ["model.n_layer=6"],
     # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
-    "round4": ["model.n_layer=4", "optim.average_from=null"],
+    "round4": ["optim.average_from=null"],
     # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
-    "round3": [
-        "model.n_layer=4",
-        "optim.muon_weight_decay=0.0",
-        "optim.embedding_weight_decay=0.0",
-        "optim.average_from=null",
-    ],
+    "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0", "optim.average_from=null"],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
     "round2": [
-        "model.n_layer=4",
         "model.block_size=64",
         "batch_size=24",
         "model.attn_gate=null",

@@ -191,7 +191,7 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
 def test_the_default_run_is_the_measured_recipe():
     cfg = compose_config([])
     m, o = cfg.model, cfg.optim
-    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (6, 4, 128, 128, 12)  # round 6: 6 layers
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 128, 12)
     assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
         "muon",
         3e-3,
@@ -215,8 +215,8 @@ def test_the_default_run_is_the_measured_recipe():
     ["noise_floor", "vaswani_a_default", "vaswani_b_default", "bottleneck_default", "bpe_budget", "nanochat_cpu"],
 )
 def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed_and_unaveraged(experiment):
-    # Round 4 decays both, round 5 averages the weights and round 6 is 6 layers deep by default; these
-    # recipes' committed results were measured with 4 layers and without the others.
+    # Round 4 decays both and round 5 averages the weights by default; these recipes' committed results
+    # were measured without, and with 4 layers, which they pin should the default's depth change.
     cfg = compose_config([f"+experiment={experiment}"])
     o = cfg.optim
     assert (o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (0.0, 0.0, None)
