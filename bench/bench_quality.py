@@ -69,16 +69,7 @@ RECIPES = {
     # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
     "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0", "optim.average_from=null"],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
-    "round2": [
-        "model.block_size=64",
-        "batch_size=24",
-        "model.attn_gate=null",
-        "model.tie_embeddings=true",
-        "optim.embedding_lr=null",
-        "optim.muon_weight_decay=0.0",
-        "optim.embedding_weight_decay=0.0",
-        "optim.average_from=null",
-    ],
+    "round2": ["+recipe=round2"],  # configs/recipe/round2.yaml, which the noise floor and the studies pin
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
     "adamw": [
         "optim=adamw",

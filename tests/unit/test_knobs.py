@@ -223,6 +223,25 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.model.n_layer == 4
 
 
+def test_round_2s_default_is_spelled_once_and_is_what_the_noise_floor_trains():
+    from bench.bench_quality import RECIPES
+
+    # configs/recipe/round2.yaml: what rounds 3-5 changed, undone; bench_quality's round2 recipe is the same file
+    round2, default = compose_config(RECIPES["round2"]), compose_config([])
+    m, o = round2.model, round2.optim
+    assert (m.n_layer, m.block_size, m.attn_gate, m.tie_embeddings, round2.batch_size) == (4, 64, None, True, 24)
+    assert (o.embedding_lr, o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (None, 0.0, 0.0, None)
+    assert (m.d_model, m.n_head, m.pos_encoding, o.muon_lr, round2.data) == (
+        default.model.d_model,
+        default.model.n_head,
+        default.model.pos_encoding,
+        default.optim.muon_lr,
+        default.data,
+    )
+    floor = compose_config(["+experiment=noise_floor"])
+    assert (floor.model, floor.optim, floor.data, floor.batch_size) == (m, o, round2.data, round2.batch_size)
+
+
 def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_learned_positions():
     for experiment in ("nanogpt_baby", "ablate_heads_dk_cpu", "gqa_cpu", "vaswani_a_cpu", "bpe_budget"):
         cfg = compose_config([f"+experiment={experiment}"])
