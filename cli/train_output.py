@@ -219,7 +219,7 @@ def encodes(tokenizer: dict[str, Any], text: str) -> bool:
 def new_end(far: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
     """(the end keys the continue command drops, the new end it asks for). A budget is total training
     time, continued across resumes, so a run that ended on its budget needs a larger total, or none:
-    dropping only budget_s would bring back the config's, already spent (the default run's 270 s)."""
+    dropping only budget_s would bring back the config's, already spent (the default run's 280 s)."""
     if far is None:
         return END_KEYS, "max_steps=N  (or budget_s=SECONDS)"
     if far["budget_s"] and (not far["max_steps"] or far["step"] < far["max_steps"]):
@@ -322,7 +322,7 @@ def sweep_hint(
 def help_text(config_dir: Path) -> str:
     """`python train.py --help`: the config groups and their options, then every key of the schema with
     its type, meaning (from the dataclasses, so it cannot drift from them) and the value the default run
-    gives it (configs/*.yaml composed over the schema, as `--cfg job` shows: budget_s 270, not null)."""
+    gives it (configs/*.yaml composed over the schema, as `--cfg job` shows: budget_s 280, not null)."""
     from cli.config import default_run_values
     from cli.schema_help import render_help
     from studies.fairness import StudyRunConfig

@@ -262,6 +262,8 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
         (["bench/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
         (["bench/bench_memory_policy.py", "--rounds", "0"], "error: argument --rounds: 0 is invalid"),
         (["bench/bench_memory_policy.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
+        (["bench/profile_step.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+        (["bench/profile_step.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
     ],
 )
 def test_every_benchmark_says_a_bad_command_line_in_one_line(argv, message):
@@ -288,3 +290,18 @@ def test_bench_memory_policy_times_both_policies_in_alternating_processes(tiny_r
         per_round = line.split()[-3:-1]  # two rounds' medians between the median and the page faults
         assert len(per_round) == 2 and all(float(ms) > 0 for ms in per_round)
     assert re.search(r"kept over glibc's own: \d+\.\d\dx$", out.strip())
+
+
+def test_profile_step_names_the_machine_and_the_steps_ops_with_their_shares(tiny_run_overrides):
+    args = ["--steps", "2", "--warmup", "1", "--rows", "5", "--", *tiny_run_overrides]
+    result = subprocess.run(
+        [sys.executable, "bench/profile_step.py", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    lines = result.stdout.splitlines()
+    assert device_name(torch.device("cpu")) in lines[0]
+    assert re.search(r"median step [\d.]+ ms \(unprofiled\); matrix products \d+% of the profiled op time", lines[1])
+    header = lines.index(next(line for line in lines if line.startswith("op ")))
+    rows = [line.split() for line in lines[header + 1 :]]
+    assert len(rows) == 5 and "aten::mm" in [r[0] for r in rows]  # the model's linears
+    shares = [float(r[2].rstrip("%")) for r in rows]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1

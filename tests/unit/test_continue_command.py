@@ -126,10 +126,10 @@ def continue_line(run: Path, overrides: list[str]) -> str:
 
 
 def test_a_run_that_ended_on_its_budget_is_continued_with_a_larger_total(tmp_path):
-    # The default run: budget_s 270 from configs/, max_steps null. Dropping budget_s alone would
-    # compose the 270 s again, already spent: the run would train one step and stop.
-    run = finished_run(tmp_path / "run", step=1234, elapsed_s=262.4, max_steps=None, budget_s=270.0)
-    line = continue_line(run, ["model.n_head=8", "budget_s=270"])
+    # The default run: budget_s 280 from configs/, max_steps null. Dropping budget_s alone would
+    # compose the 280 s again, already spent: the run would train one step and stop.
+    run = finished_run(tmp_path / "run", step=1234, elapsed_s=262.4, max_steps=None, budget_s=280.0)
+    line = continue_line(run, ["model.n_head=8", "budget_s=280"])
     command, hint = line.split("  (")
     assert shlex.split(command)[4:] == ["model.n_head=8", "budget_s=SECONDS"]
     assert "more than the 262.4 s trained" in hint and "budget_s=null max_steps=N" in hint

@@ -205,6 +205,11 @@ def test_the_default_run_is_the_measured_recipe():
     assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
     assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
+    from bench.bench_quality import STARTUP_S
+
+    # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
+    # must be the default's own budget, so that figure is what `python train.py` does.
+    assert cfg.budget_s == 300 - STARTUP_S == 280
     with pytest.raises(ValueError, match="pos_encoding"):  # so it does not export; model=gpt2 does
         check_gpt2_compatible(GPTConfig(**{**m, "vocab_size": 4096}))
     check_gpt2_compatible(GPTConfig(**{**compose_config(["model=gpt2"]).model, "vocab_size": 4096}))

@@ -81,7 +81,7 @@ def test_train_help_shows_the_default_runs_values_with_the_schemas_meanings():
     shown = {line.split()[0]: line.split("= ", 1)[1] for line in lines if line.startswith("  ") and " = " in line}
     for name in leaf_names(TrainConfig):
         assert shown[name] == show_default(OmegaConf.select(composed, name)), name
-    assert (shown["budget_s"], shown["max_steps"], shown["optim.optimizer"]) == ("270.0", "null", "'muon'")
+    assert (shown["budget_s"], shown["max_steps"], shown["optim.optimizer"]) == ("280.0", "null", "'muon'")
     n_kv = lines.index(next(line for line in lines if line.split()[:1] == ["model.n_kv_head"]))
     assert "GQA" in lines[n_kv + 1]  # the meaning is still the dataclass comment
 

@@ -162,12 +162,12 @@ def test_split_loss_scores_every_token_once(tmp_path):
 
 @pytest.mark.parametrize("mode,budget", [("iso_flop", "flop_budget=1e9"), ("iso_time", "time_budget_s=600")])
 def test_a_fairness_budget_alone_sets_the_runs_length(mode, budget):
-    # Defect: the default config's budget_s=270 silently capped an iso_flop / iso_time run.
+    # Defect: the default config's budget_s (then 270) silently capped an iso_flop / iso_time run.
     from cli.config import to_train_config
     from tests.helpers import compose_config
 
     overrides = [f"fairness.mode={mode}", f"fairness.{budget}", "out_dir=x"]
-    with pytest.raises(ValueError, match=rf"budget_s=270.0 and fairness\.{budget.split('=')[0]}=.*budget_s=null"):
+    with pytest.raises(ValueError, match=rf"budget_s=280.0 and fairness\.{budget.split('=')[0]}=.*budget_s=null"):
         to_train_config(compose_config(overrides))
     cfg = to_train_config(compose_config([*overrides, "budget_s=null"]))
     assert cfg.budget_s is None and cfg.max_steps is None  # prepare() sets max_steps from the budget
