@@ -62,7 +62,7 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
-    # Round 6's leading candidate, not resolved (docs/recipe/round6.md): the default 6 layers deep.
+    # Rounds 6-7's leading candidate, not resolved at equal time (docs/recipe/round7.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
     # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
     "round4": ["optim.average_from=null"],

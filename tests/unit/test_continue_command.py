@@ -188,7 +188,7 @@ def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, mon
     readme = (ROOT / "README.md").read_text()
     (shown,) = [line for line in readme.splitlines() if line.startswith("  continue: python train.py out_dir=")]
     monkeypatch.chdir(tmp_path)
-    run = finished_run(Path("outputs/2026-12-01/20-43-56"), step=900, elapsed_s=262.3, max_steps=None, budget_s=270)
+    run = finished_run(Path("outputs/2026-12-04/18-50-12"), step=4111, elapsed_s=279.9, max_steps=None, budget_s=280)
     assert f"  continue: {continue_line(run, [])}" == shown
 
 

@@ -65,7 +65,7 @@ def test_the_readmes_closing_plots_line_is_what_a_run_prints(tmp_path, monkeypat
     """The README's sample of a run's last lines: its `plots:` line is the one closing_lines writes."""
     from cli.train_output import closing_lines
 
-    run = Path("outputs/2026-12-01/20-43-56")
+    run = Path("outputs/2026-12-04/18-50-12")
     (tmp_path / run).mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     printed = [line for line in closing_lines(run, {}, []).splitlines() if line.startswith("  plots:")]
