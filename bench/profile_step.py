@@ -10,7 +10,6 @@ own: read the shares, and time a step with bench/bench_train.py.
 """
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,11 +23,12 @@ from torch.profiler import ProfilerActivity, profile
 from bench.bench_train import load_config
 from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
+from studies.fairness import measure_seconds_per_step
 from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-PROGRESS = 0.8  # inside the cooldown, where the weight average folds in every step, as the run's end does
+PROGRESS = 1.0  # the run's end, where the weight average folds in every step (as measure_seconds_per_step times it)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def step_times(trainer: Trainer, steps: int) -> list[float]:
-    times = []
+def advance(trainer: Trainer, steps: int) -> None:
     for _ in range(steps):
-        start = time.perf_counter()
         trainer.advance(PROGRESS)
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def main() -> None:
@@ -58,12 +54,12 @@ def main() -> None:
         parser.error(str(e))
     device = resolve_device(cfg.device)
     trainer = Trainer(cfg, prepare(cfg.data), device)
-    step_times(trainer, args.warmup)
-    median_ms = 1000 * statistics.median(step_times(trainer, max(args.steps, 10)))
+    advance(trainer, args.warmup)
+    median_ms = 1000 * measure_seconds_per_step(trainer, max(args.steps, 10))  # the iso-time calibration's timer
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as prof:
-        step_times(trainer, args.steps)
+        advance(trainer, args.steps)
         if cuda:
             torch.cuda.synchronize(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
