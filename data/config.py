@@ -14,6 +14,10 @@ class DataConfig:
     tokenizer: str = "char"  # "char" | "bpe" (learned from the train split) | "gpt2"
     # tokenizer=bpe: ids at most (EOT, the 256 bytes, then merges); a tiny corpus can run out of pairs first
     bpe_vocab_size: int = 4096
+    # tokenizer=bpe: train.bin holds `bpe_dropout_copies` segmentations of the train text, each merge skipped
+    # with probability `bpe_dropout` (data/bpe_dropout.py); val keeps the one deterministic segmentation
+    bpe_dropout: float = 0.0
+    bpe_dropout_copies: int = 1
     hub_path: str | None = None  # datasets.load_dataset path, or a local directory of jsonl/parquet files
     hub_name: str | None = None  # dataset config name, e.g. "sample-10BT"
     hub_split: str = "train"
@@ -34,6 +38,10 @@ class DataConfig:
             raise ValueError(
                 f"data.bpe_vocab_size={self.bpe_vocab_size} must be in (257, 65536]: EOT and the 256 bytes come first"
             )
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(f"data.bpe_dropout={self.bpe_dropout} must be in [0, 1): the chance to skip a merge")
+        if self.bpe_dropout_copies < 1:
+            raise ValueError(f"data.bpe_dropout_copies={self.bpe_dropout_copies} must be >= 1")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction} must be strictly between 0 and 1")
         if self.split_seed < 0:

@@ -27,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.batches import PreparedData
+from data.bpe_dropout import BPEDropout
 from data.config import DataConfig, resolve_cache_dir
 from data.sources import load_documents, publish_dir, source_identity
 from data.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_meta
@@ -49,6 +50,11 @@ def cache_key(cfg: DataConfig) -> dict:
         "source": source_identity(cfg),
         "tokenizer": cfg.tokenizer,
         **({"bpe_vocab_size": cfg.bpe_vocab_size} if cfg.tokenizer == "bpe" else {}),
+        **(
+            {"bpe_dropout": cfg.bpe_dropout, "bpe_dropout_copies": cfg.bpe_dropout_copies}
+            if cfg.tokenizer == "bpe" and cfg.bpe_dropout > 0
+            else {}
+        ),
         "val_fraction": cfg.val_fraction,
         "split_seed": cfg.split_seed,
     }
@@ -93,6 +99,8 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     texts = _train_texts(docs, cfg) if cfg.tokenizer == "bpe" else _texts(docs)
     tokenizer = build_tokenizer(cfg.tokenizer, texts, cache_dir, cfg.bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
+    dropout = cfg.tokenizer == "bpe" and cfg.bpe_dropout > 0  # other tokenizers ignore it, as the BPE's size
+    segmenter = BPEDropout(tokenizer, cfg.bpe_dropout, seed=cfg.split_seed) if dropout else None
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_builds(directory.parent)
     # Written into a temp dir and renamed into place only when complete: a crash leaves no `directory`.
@@ -108,7 +116,12 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
             for split, texts in split_chunks(docs, cfg):
                 counts[split]["documents"] += len(texts)
                 counts[split]["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
-                counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
+                if split == "train" and segmenter:
+                    counts[split]["tokens"] += _write_segmentations(
+                        files[split], segmenter, texts, cfg.bpe_dropout_copies, tokenizer.eot_id, dtype
+                    )
+                else:
+                    counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
                 bar.update(len(texts))
             bar.close()
         meta = {
@@ -121,6 +134,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
             "dtype": dtype.name,
             "val_fraction": cfg.val_fraction,
             "split_seed": cfg.split_seed,
+            **({"bpe_dropout": cfg.bpe_dropout, "bpe_dropout_copies": cfg.bpe_dropout_copies} if segmenter else {}),
             "num_documents": {split: counts[split]["documents"] for split in SPLITS},
             **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
             **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
@@ -215,12 +229,23 @@ def split_chunks(docs: "datasets.Dataset", cfg: DataConfig) -> Iterator[tuple[st
 
 
 def _write_tokens(f: BinaryIO, tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> int:
+    return _write_ids(f, tokenizer.encode_batch(texts), tokenizer.eot_id, dtype)
+
+
+def _write_ids(f: BinaryIO, documents: list[list[int]], eot_id: int, dtype: np.dtype) -> int:
     ids: list[int] = []
-    for doc_ids in tokenizer.encode_batch(texts):
+    for doc_ids in documents:
         ids.extend(doc_ids)
-        ids.append(tokenizer.eot_id)
+        ids.append(eot_id)
     f.write(np.array(ids, dtype=dtype).tobytes())
     return len(ids)
+
+
+def _write_segmentations(
+    f: BinaryIO, segmenter: BPEDropout, texts: list[str], copies: int, eot_id: int, dtype: np.dtype
+) -> int:
+    """`copies` random segmentations of the train texts, one after another (data/bpe_dropout.py)."""
+    return sum(_write_ids(f, [segmenter.encode(text) for text in texts], eot_id, dtype) for _ in range(copies))
 
 
 def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> PreparedData:
