@@ -64,10 +64,17 @@ RECIPES = {
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # Rounds 6-7's leading candidate, not resolved at equal time (docs/recipe/round7.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
+    # The default before round 8 (docs/recipe/round8.md): the one deterministic segmentation of the train text.
+    "round7": ["data.bpe_dropout=0"],
     # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
-    "round4": ["optim.average_from=null"],
+    "round4": ["data.bpe_dropout=0", "optim.average_from=null"],
     # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
-    "round3": ["optim.muon_weight_decay=0.0", "optim.embedding_weight_decay=0.0", "optim.average_from=null"],
+    "round3": [
+        "data.bpe_dropout=0",
+        "optim.muon_weight_decay=0.0",
+        "optim.embedding_weight_decay=0.0",
+        "optim.average_from=null",
+    ],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
     "round2": ["+recipe=round2"],  # configs/recipe/round2.yaml, which the noise floor and the studies pin
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.

@@ -201,6 +201,7 @@ def test_the_default_run_is_the_measured_recipe():
         0.3,
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
+    assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # round 8 (docs/recipe/round8.md)
     assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", False)
     assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
     assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
@@ -226,14 +227,25 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     o = cfg.optim
     assert (o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (0.0, 0.0, None)
     assert cfg.model.n_layer == 4
+    assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
+
+
+def test_round_7s_default_is_todays_on_the_one_deterministic_segmentation():
+    from bench.bench_quality import RECIPES
+
+    round7, default = compose_config(RECIPES["round7"]), compose_config([])
+    assert (round7.data.bpe_dropout, default.data.bpe_dropout) == (0.0, 0.03)
+    assert (round7.model, round7.optim, round7.batch_size) == (default.model, default.optim, default.batch_size)
 
 
 def test_round_2s_default_is_spelled_once_and_is_what_the_noise_floor_trains():
     from bench.bench_quality import RECIPES
 
-    # configs/recipe/round2.yaml: what rounds 3-5 changed, undone; bench_quality's round2 recipe is the same file
+    # configs/recipe/round2.yaml: what rounds 3-8 changed, undone; bench_quality's round2 recipe is the same file
     round2, default = compose_config(RECIPES["round2"]), compose_config([])
     m, o = round2.model, round2.optim
+    assert round2.data.bpe_dropout == 0.0
+    undone = {**default.data, "bpe_dropout": 0.0}
     assert (m.n_layer, m.block_size, m.attn_gate, m.tie_embeddings, round2.batch_size) == (4, 64, None, True, 24)
     assert (o.embedding_lr, o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (None, 0.0, 0.0, None)
     assert (m.d_model, m.n_head, m.pos_encoding, o.muon_lr, round2.data) == (
@@ -241,7 +253,7 @@ def test_round_2s_default_is_spelled_once_and_is_what_the_noise_floor_trains():
         default.model.n_head,
         default.model.pos_encoding,
         default.optim.muon_lr,
-        default.data,
+        undone,
     )
     floor = compose_config(["+experiment=noise_floor"])
     assert (floor.model, floor.optim, floor.data, floor.batch_size) == (m, o, round2.data, round2.batch_size)
