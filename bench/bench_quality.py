@@ -62,7 +62,7 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
-    # Rounds 6-7's leading candidate, not resolved at equal time (docs/recipe/round7.md): the default 6 layers deep.
+    # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
     # The default before round 8 (docs/recipe/round8.md): the one deterministic segmentation of the train text.
     "round7": ["data.bpe_dropout=0"],
