@@ -28,6 +28,11 @@ class DataConfig:
     split_seed: int = 1337
     cache_dir: str = ""  # "" -> $ATTNLAB_CACHE or ~/.cache/attnlab
 
+    @property
+    def segments_with_dropout(self) -> bool:
+        """Whether train.bin holds BPE-dropout segmentations: other tokenizers ignore it, as the BPE's size."""
+        return self.tokenizer == "bpe" and self.bpe_dropout > 0
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad value; checks only, no side effects."""
         if self.source not in SOURCES:

@@ -52,7 +52,7 @@ def cache_key(cfg: DataConfig) -> dict:
         **({"bpe_vocab_size": cfg.bpe_vocab_size} if cfg.tokenizer == "bpe" else {}),
         **(
             {"bpe_dropout": cfg.bpe_dropout, "bpe_dropout_copies": cfg.bpe_dropout_copies}
-            if cfg.tokenizer == "bpe" and cfg.bpe_dropout > 0
+            if cfg.segments_with_dropout
             else {}
         ),
         "val_fraction": cfg.val_fraction,
@@ -99,8 +99,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     texts = _train_texts(docs, cfg) if cfg.tokenizer == "bpe" else _texts(docs)
     tokenizer = build_tokenizer(cfg.tokenizer, texts, cache_dir, cfg.bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
-    dropout = cfg.tokenizer == "bpe" and cfg.bpe_dropout > 0  # other tokenizers ignore it, as the BPE's size
-    segmenter = BPEDropout(tokenizer, cfg.bpe_dropout, seed=cfg.split_seed) if dropout else None
+    segmenter = BPEDropout(tokenizer, cfg.bpe_dropout, seed=cfg.split_seed) if cfg.segments_with_dropout else None
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned_builds(directory.parent)
     # Written into a temp dir and renamed into place only when complete: a crash leaves no `directory`.
@@ -134,7 +133,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
             "dtype": dtype.name,
             "val_fraction": cfg.val_fraction,
             "split_seed": cfg.split_seed,
-            **({"bpe_dropout": cfg.bpe_dropout, "bpe_dropout_copies": cfg.bpe_dropout_copies} if segmenter else {}),
+            **{name: key[name] for name in ("bpe_dropout", "bpe_dropout_copies") if name in key},
             "num_documents": {split: counts[split]["documents"] for split in SPLITS},
             **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
             **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
