@@ -30,13 +30,13 @@ class BPEDropout:
         # (left id, right id) -> (rank, merged id): a lower rank was learned earlier and merges first
         self._merges = {(vocab[a], vocab[b]): (rank, vocab[a + b]) for rank, (a, b) in enumerate(merges)}
         self._vocab = vocab
-        self._pre_tokenizer = tokenizer._tok.pre_tokenizer  # GPT-2's split, bytes drawn as symbols
+        self._tokenizer = tokenizer
         self.p = p
         self._random = random.Random(seed).random
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
-        for piece, _ in self._pre_tokenizer.pre_tokenize_str(text):
+        for piece in self._tokenizer.pieces(text):
             ids.extend(self._encode_piece([self._vocab[symbol] for symbol in piece]))
         return ids
 

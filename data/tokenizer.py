@@ -152,6 +152,10 @@ class BPETokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
+    def pieces(self, text: str) -> list[str]:
+        """The pre-tokenizer's pieces of `text` (GPT-2's split, each byte drawn as one symbol): no merge crosses one."""
+        return [piece for piece, _ in self._tok.pre_tokenizer.pre_tokenize_str(text)]
+
     def decode(self, ids: Iterable[int]) -> str:
         ids = list(ids)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
