@@ -8,7 +8,8 @@ in one run, each scored on *every* token of the val split.
 
 Each recipe is `python train.py` with its overrides, `budget_s` set so the whole process (start-up,
 data, training, the last evaluation and save) fits the budget; the process's wall-clock is measured
-from outside. The score is the best checkpoint's mean loss over non-overlapping windows covering the
+from outside; a recipe that compiles (the default does) compiles from an empty cache, as a first run
+does, inside budget_s. The score is the best checkpoint's mean loss over non-overlapping windows covering the
 whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
 char and BPE models compare, and beside it the classical floor: the best of PPMd, xz, bzip2 and zstd
 primed with the train text and charged for the same val bytes (bench/classical.py; `--classical` prints
@@ -58,6 +59,9 @@ from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
 
 STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
+# torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
+# recipe is measured as a first run pays for it (~25 s for the default on a Zen 4, against ~7 s from the cache).
+COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
     "default": [],
@@ -121,7 +125,7 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
     its own process, with `threads` intra-op threads)."""
     args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}", *length]
     args += ["logger=none", "sample_tokens=0", "progress=false"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), COMPILE_CACHE: str(out.with_name(out.name + ".compiled"))}
     start = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
@@ -150,25 +154,33 @@ def baselines(data_cfg: DataConfig) -> dict:
     return classical.baselines(data_cfg, data.meta, device_name(torch.device("cpu")))
 
 
-def seconds_per_step(recipes: list[str], overrides: list[str], steps: int = 15, rounds: int = 3) -> dict[str, float]:
-    """Median seconds of each recipe's Trainer.step (what train.py runs), each timed in a fresh process of its
-    own, as train.py runs it, the recipes in turns for `rounds` rounds. One process holding every recipe's
+def seconds_per_step(
+    recipes: list[str], overrides: list[str], steps: int = 15, rounds: int = 3
+) -> dict[str, tuple[float, float]]:
+    """Median seconds of each recipe's Trainer.step (what train.py runs) and of its compilation (0 if it does not
+    compile), each timed in a fresh process of its own, as train.py runs it, the recipes in turns for `rounds`
+    rounds. One process holding every recipe's
     Trainer timed the default's step at 115-120 ms against 98 alone, on a Zen 4: the recipes' memory
     interfered (docs/recipe/round4.md)."""
-    times: dict[str, list[float]] = {name: [] for name in recipes}
+    times: dict[str, list[list[float]]] = {name: [] for name in recipes}
     for _ in range(rounds):
         for name in recipes:
             job = {"overrides": [*RECIPES[name], *overrides], "steps": steps}
             times[name].append(in_fresh_process(__file__, "--time-step", job))
-    return {name: statistics.median(t) for name, t in times.items()}
+    median = statistics.median
+    return {name: (median(t[0] for t in ts), median(t[1] for t in ts)) for name, ts in times.items()}
 
 
-def time_step(job: dict) -> float:
-    """One timing process: the recipe's Trainer, then the median of its steps (fairness.measure_seconds_per_step,
-    the iso_time calibration's own timer, after its warm-up step)."""
+def time_step(job: dict) -> list[float]:
+    """One timing process: the recipe's Trainer, compiled from an empty cache if it compiles (Trainer.prepare, as
+    train.py does), then [the median of its steps (fairness.measure_seconds_per_step, the iso_time calibration's
+    own timer, after its warm-up step), the compilation's seconds]."""
     cfg = load_config(job["overrides"])
     trainer = Trainer(cfg, prepare(cfg.data, progress=False), resolve_device(cfg.device))
-    return measure_seconds_per_step(trainer, job["steps"])
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ[COMPILE_CACHE] = cache
+        trainer.prepare()
+        return [measure_seconds_per_step(trainer, job["steps"]), trainer.compile_s]
 
 
 def print_baselines(result: dict) -> None:
@@ -340,11 +352,14 @@ def main() -> None:
     if args.equal_time_steps or args.time_only:
         speeds = seconds_per_step(args.recipes, args.overrides)
         timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
-        for name, seconds in speeds.items():
-            steps = int((args.budget - STARTUP_S) / seconds)
-            timing["recipes"][name] = {"ms_per_step": seconds * 1000, "steps": steps, "overrides": RECIPES[name]}
+        for name, (seconds, compile_s) in speeds.items():
+            steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation
+            timing["recipes"][name] = {"ms_per_step": seconds * 1000, "compile_s": compile_s, "steps": steps}
+            timing["recipes"][name]["overrides"] = RECIPES[name]
             length[name] = [f"max_steps={steps}", "budget_s=null"]
-            print(f"  {name}: {seconds * 1000:.1f} ms/step on {torch.get_num_threads()} threads -> {steps} steps")
+            compiled = f" after {compile_s:.0f} s compiling" if compile_s else ""
+            threads = torch.get_num_threads()
+            print(f"  {name}: {seconds * 1000:.1f} ms/step on {threads} threads{compiled} -> {steps} steps")
         if args.time_only:
             args.time_only.write_text(json.dumps(timing, indent=2) + "\n")
             print(f"steps per recipe written to {args.time_only}; train them with --steps-from {args.time_only}")

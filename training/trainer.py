@@ -59,6 +59,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.model).to(device)
         self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
+        self.compile_s = 0.0  # seconds torch.compile took in prepare(), which the run's clock counts
         self.optimizer = self.new_optimizer(self.model)
         self.average = WeightAverage(cfg.optim.average_from, cfg.optim.average_window)
         # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
@@ -214,7 +215,9 @@ class Trainer:
             self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
         )
         if cfg.compile:  # compiled now on a probe's step, so a failing toolchain falls back to eager here
+            start = time.perf_counter()
             self.train_model = compile_or_eager(self.train_model, self.trial_step)
+            self.compile_s = time.perf_counter() - start  # training time: the budget pays for it (fit)
 
     def trial_step(self, compiled: nn.Module) -> None:
         probe = self.probe()
@@ -233,7 +236,7 @@ class Trainer:
         Under a budget it stops early enough that the last evaluation and save still fit. A signal `stop`
         caught (even before the loop) ends it at the next step, saved."""
         cfg, run = self.cfg, self.run
-        clock, saved_step = Clock(self.state.elapsed_s, self.dist), self.state.step
+        clock, saved_step = Clock(self.state.elapsed_s + self.compile_s, self.dist), self.state.step
         self.model.train()
         if cfg.budget_s and self.state.step == 0:
             self.evaluate_and_save(clock, save=False)  # the loss at init, and what an evaluation costs

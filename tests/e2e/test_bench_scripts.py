@@ -99,6 +99,7 @@ def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_ru
     written = json.loads(timing.read_text())
     assert written["recipes"]["wide"]["overrides"] == ["model.d_model=48"] and " seed " not in timed.stdout
     steps = {name: r["steps"] for name, r in written["recipes"].items()}
+    assert all(r["compile_s"] == 0 for r in written["recipes"].values())  # the smoke config does not compile
     assert steps.keys() == {"default", "wide"} and all(n > 0 for n in steps.values())
 
     trained = bench("--recipes", "default", "wide", "--steps-from", str(timing))

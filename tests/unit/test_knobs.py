@@ -184,7 +184,7 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
         "cosine",
         0.99,
     )
-    assert (cfg.batch_size, cfg.precision) == (12, "fp32")
+    assert (cfg.batch_size, cfg.precision, cfg.compile) == (12, "fp32", False)  # its command line: --compile=False
     assert math.isclose(o.embedding_weight_decay, o.weight_decay)  # nanoGPT decays every 2-D tensor
 
 
@@ -206,6 +206,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
     assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
+    assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -228,6 +229,7 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert (o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (0.0, 0.0, None)
     assert cfg.model.n_layer == 4
     assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
+    assert cfg.compile is False  # round 9 compiles the default's step
 
 
 def test_round_7s_default_is_todays_on_the_one_deterministic_segmentation():
@@ -264,6 +266,12 @@ def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_lear
         cfg = compose_config([f"+experiment={experiment}"])
         assert cfg.data.tokenizer == ("gpt2" if experiment == "bpe_budget" else "char"), experiment
         assert (cfg.model.pos_encoding, cfg.model.qk_norm) == ("learned", False), experiment
+        assert cfg.compile is False, experiment  # as measured: each sweep job would compile a shape of its own
+
+
+def test_the_smoke_run_does_not_compile():
+    # compiling the tiny model takes longer than its 20 steps
+    assert compose_config(["+debug=tiny"]).compile is False
 
 
 def test_bpe_budget_is_the_default_recipe_on_gpt2_bpe():
