@@ -68,12 +68,15 @@ RECIPES = {
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
+    # The default before round 9 (docs/recipe/round9.md): eager, not compiled.
+    "round8": ["compile=false"],
     # The default before round 8 (docs/recipe/round8.md): the one deterministic segmentation of the train text.
-    "round7": ["data.bpe_dropout=0"],
+    "round7": ["compile=false", "data.bpe_dropout=0"],
     # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
-    "round4": ["data.bpe_dropout=0", "optim.average_from=null"],
+    "round4": ["compile=false", "data.bpe_dropout=0", "optim.average_from=null"],
     # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
     "round3": [
+        "compile=false",
         "data.bpe_dropout=0",
         "optim.muon_weight_decay=0.0",
         "optim.embedding_weight_decay=0.0",

@@ -232,11 +232,25 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.compile is False  # round 9 compiles the default's step
 
 
+def test_round_8s_default_is_todays_eager():
+    from bench.bench_quality import RECIPES
+
+    round8, default = compose_config(RECIPES["round8"]), compose_config([])
+    assert (round8.compile, default.compile) == (False, True)
+    assert (round8.model, round8.optim, round8.data, round8.batch_size) == (
+        default.model,
+        default.optim,
+        default.data,
+        default.batch_size,
+    )
+
+
 def test_round_7s_default_is_todays_on_the_one_deterministic_segmentation():
     from bench.bench_quality import RECIPES
 
     round7, default = compose_config(RECIPES["round7"]), compose_config([])
     assert (round7.data.bpe_dropout, default.data.bpe_dropout) == (0.0, 0.03)
+    assert not round7.compile
     assert (round7.model, round7.optim, round7.batch_size) == (default.model, default.optim, default.batch_size)
 
 
