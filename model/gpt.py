@@ -121,8 +121,8 @@ class GPT(nn.Module):
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
         if self.config.logit_softcap is not None:  # smooth clamp to (-cap, cap): no logit runs away
-            cap = self.config.logit_softcap
-            logits = cap * torch.tanh(logits / cap)
+            cap = self.config.logit_softcap  # in fp32: under bf16 autocast the cap would round every logit
+            logits = cap * torch.tanh(logits.float() / cap)
         loss = None
         if targets is not None:
             loss = self.loss(logits, targets)

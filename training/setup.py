@@ -139,7 +139,8 @@ def run_header(trainer: Trainer) -> str:
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
         f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
-        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision} | {' or '.join(e for e in ends if e)}, "
+        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision}{' compiled' if trainer.compiled else ''} | "
+        f"{' or '.join(e for e in ends if e)}, "
         f"{trainer.tokens_per_step:,} tokens/step{start}\nrun directory {cfg.out_dir} (full config: config.yaml)"
     )
 

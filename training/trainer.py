@@ -59,7 +59,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.model).to(device)
         self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
-        self.compile_s = 0.0  # seconds torch.compile took in prepare(), which the run's clock counts
+        self.compile_s, self.compiled = 0.0, False  # torch.compile's seconds in prepare(), which the clock counts
         self.optimizer = self.new_optimizer(self.model)
         self.average = WeightAverage(cfg.optim.average_from, cfg.optim.average_window)
         # fp16 (GPUs without bf16) needs loss scaling; for bf16/fp32 the disabled scaler passes through.
@@ -215,8 +215,10 @@ class Trainer:
             self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
         )
         if cfg.compile:  # compiled now on a probe's step, so a failing toolchain falls back to eager here
-            start = time.perf_counter()
-            self.train_model = compile_or_eager(self.train_model, self.trial_step)
+            log.info("compiling the step (torch.compile; its seconds count against budget_s; compile=false skips it)")
+            start, wrapped = time.perf_counter(), self.train_model
+            self.train_model = compile_or_eager(wrapped, self.trial_step)
+            self.compiled = self.train_model is not wrapped  # False: the compiler failed and it trains eager
             self.compile_s = time.perf_counter() - start  # training time: the budget pays for it (fit)
 
     def trial_step(self, compiled: nn.Module) -> None:

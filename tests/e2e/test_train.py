@@ -111,25 +111,36 @@ def test_compile_failure_falls_back_to_eager(tiny_run_overrides, tmp_path, monke
     monkeypatch.setattr(torch, "compile", broken_compile)
     run_train([*tiny_run_overrides, "compile=true", "precision=fp32", f"out_dir={tmp_path / 'compiled'}"])
     assert "torch.compile failed (RuntimeError: compiler exploded); training in eager mode" in caplog.text
+    assert " compiled | " not in caplog.text  # the header says what it trains: eager
     run_train([*tiny_run_overrides, "precision=fp32"])
     assert logged(tmp_path, "train/loss", "compiled") == logged(tmp_path, "train/loss")  # the trial left no trace
 
 
-def test_the_run_clock_counts_the_compilation(tiny_run_overrides, tmp_path, monkeypatch):
+def test_the_run_clock_counts_the_compilation(tiny_run_overrides, tmp_path, monkeypatch, caplog):
     # The default compiles inside its 280 s: the budget and the schedule must pay for the compilation, or the
     # whole process would overrun 300 s on a first run.
     import time
 
     import torch
 
+    class Compiled(torch.nn.Module):  # what torch.compile returns: a module that runs the original
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
     def slow_compile(model, *args, **kwargs):
         time.sleep(1.0)
-        return model
+        return Compiled(model)
 
     monkeypatch.setattr(torch, "compile", slow_compile)
-    run_train([*tiny_run_overrides, "compile=true", "max_steps=4", "eval_interval=2"])
+    with caplog.at_level("INFO"):
+        run_train([*tiny_run_overrides, "compile=true", "max_steps=4", "eval_interval=2"])
     elapsed = logged(tmp_path, "time/elapsed_s")
     assert elapsed and min(elapsed) >= 1.0  # every record's clock started before the compilation
+    assert "compiling the step" in caplog.text and " compiled | " in caplog.text  # said, then in the header
 
 
 @pytest.mark.slow

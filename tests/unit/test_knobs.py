@@ -113,6 +113,23 @@ def test_logit_softcap_bounds_the_logits():
     assert logits.abs().max().item() > 1.9  # and the cap is reached, so the tanh did the bounding
 
 
+def test_logit_softcap_is_computed_in_fp32_under_bf16_autocast():
+    # Defect: under autocast the head's bf16 logits were capped in bf16, each capped logit rounded to 8 bits
+    # of mantissa (steps of 0.06 near a cap of 15) before the loss; torch.compile computed it in fp32, so
+    # the compiled and the eager run trained different models (docs/recipe/round9.md).
+    torch.manual_seed(0)
+    model = GPT(tiny(logit_softcap=15.0))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50)  # logits near the cap, where bf16's steps are coarsest
+    heads = []
+    model.lm_head.register_forward_hook(lambda module, args, out: heads.append(out))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(torch.randint(0, V, (2, T)))
+    (raw,) = heads
+    assert raw.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, 15.0 * torch.tanh(raw.float() / 15.0))
+
+
 def test_z_loss_adds_the_squared_log_normaliser_in_training_only():
     torch.manual_seed(0)
     model = GPT(tiny(z_loss=1e-2))
