@@ -65,9 +65,10 @@ def test_the_readmes_closing_plots_line_is_what_a_run_prints(tmp_path, monkeypat
     """The README's sample of a run's last lines: its `plots:` line is the one closing_lines writes."""
     from cli.train_output import closing_lines
 
-    run = Path("outputs/2026-12-04/18-50-12")
+    readme = (ROOT / "README.md").read_text().splitlines()
+    (run,) = {Path(line.split()[2]) for line in readme if line.startswith("run directory outputs/")}  # the sample's run
     (tmp_path / run).mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     printed = [line for line in closing_lines(run, {}, []).splitlines() if line.startswith("  plots:")]
-    shown = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(f"  plots:    {run}")]
-    assert shown == printed
+    shown = [line for line in readme if line.startswith(f"  plots:    {run}")]
+    assert shown == printed and printed
