@@ -187,8 +187,9 @@ def test_the_printed_command_pasted_with_a_number_trains_further(tiny_run_overri
 def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     (shown,) = [line for line in readme.splitlines() if line.startswith("  continue: python train.py out_dir=")]
+    (directory,) = [line.split()[2] for line in readme.splitlines() if line.startswith("run directory outputs/")]
     monkeypatch.chdir(tmp_path)
-    run = finished_run(Path("outputs/2026-12-04/18-50-12"), step=4111, elapsed_s=279.9, max_steps=None, budget_s=280)
+    run = finished_run(Path(directory), step=4610, elapsed_s=279.9, max_steps=None, budget_s=280)
     assert f"  continue: {continue_line(run, [])}" == shown
 
 
