@@ -162,9 +162,8 @@ def seconds_per_step(
 ) -> dict[str, tuple[float, float]]:
     """Median seconds of each recipe's Trainer.step (what train.py runs) and of its compilation (0 if it does not
     compile), each timed in a fresh process of its own, as train.py runs it, the recipes in turns for `rounds`
-    rounds. One process holding every recipe's
-    Trainer timed the default's step at 115-120 ms against 98 alone, on a Zen 4: the recipes' memory
-    interfered (docs/recipe/round4.md)."""
+    rounds. One process holding every recipe's Trainer timed the default's step at 115-120 ms against 98 alone,
+    on a Zen 4: the recipes' memory interfered (docs/recipe/round4.md)."""
     times: dict[str, list[list[float]]] = {name: [] for name in recipes}
     for _ in range(rounds):
         for name in recipes:
@@ -355,14 +354,14 @@ def main() -> None:
     if args.equal_time_steps or args.time_only:
         speeds = seconds_per_step(args.recipes, args.overrides)
         timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
+        timed_on = torch.get_num_threads()
         for name, (seconds, compile_s) in speeds.items():
             steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation
             timing["recipes"][name] = {"ms_per_step": seconds * 1000, "compile_s": compile_s, "steps": steps}
             timing["recipes"][name]["overrides"] = RECIPES[name]
             length[name] = [f"max_steps={steps}", "budget_s=null"]
             compiled = f" after {compile_s:.0f} s compiling" if compile_s else ""
-            threads = torch.get_num_threads()
-            print(f"  {name}: {seconds * 1000:.1f} ms/step on {threads} threads{compiled} -> {steps} steps")
+            print(f"  {name}: {seconds * 1000:.1f} ms/step on {timed_on} threads{compiled} -> {steps} steps")
         if args.time_only:
             args.time_only.write_text(json.dumps(timing, indent=2) + "\n")
             print(f"steps per recipe written to {args.time_only}; train them with --steps-from {args.time_only}")

@@ -26,6 +26,13 @@ def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: in
     return paths
 
 
+def readme_sample_run() -> Path:
+    """The run directory of the README's sample of a run's output (its `run directory outputs/...` line)."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    (directory,) = {line.split()[2] for line in readme if line.startswith("run directory outputs/")}
+    return Path(directory)
+
+
 def compose_config(overrides: list[str]):
     """The real configs/ tree composed through Hydra's compose API, as train.py would see it."""
     return compose_configs(overrides)

@@ -18,7 +18,7 @@ from cli.train_output import (
     run_overrides,
     sweep_continue_command,
 )
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, readme_sample_run, run_cli
 from training.distributed import DistInfo
 
 OVERRIDES = [
@@ -187,9 +187,8 @@ def test_the_printed_command_pasted_with_a_number_trains_further(tiny_run_overri
 def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     (shown,) = [line for line in readme.splitlines() if line.startswith("  continue: python train.py out_dir=")]
-    (directory,) = [line.split()[2] for line in readme.splitlines() if line.startswith("run directory outputs/")]
     monkeypatch.chdir(tmp_path)
-    run = finished_run(Path(directory), step=4610, elapsed_s=279.9, max_steps=None, budget_s=280)
+    run = finished_run(readme_sample_run(), step=4610, elapsed_s=279.9, max_steps=None, budget_s=280)
     assert f"  continue: {continue_line(run, [])}" == shown
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import readme_sample_run
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -65,8 +67,7 @@ def test_the_readmes_closing_plots_line_is_what_a_run_prints(tmp_path, monkeypat
     """The README's sample of a run's last lines: its `plots:` line is the one closing_lines writes."""
     from cli.train_output import closing_lines
 
-    readme = (ROOT / "README.md").read_text().splitlines()
-    (run,) = {Path(line.split()[2]) for line in readme if line.startswith("run directory outputs/")}  # the sample's run
+    readme, run = (ROOT / "README.md").read_text().splitlines(), readme_sample_run()
     (tmp_path / run).mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     printed = [line for line in closing_lines(run, {}, []).splitlines() if line.startswith("  plots:")]
