@@ -41,7 +41,7 @@ class GPT(nn.Module):
         elif config.pos_encoding == "sinusoidal":
             self.pos_emb = SinusoidalPositions(config.d_model)
         else:
-            self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_base)
+            self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_base, table_length=config.block_size)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.ln_f = build_norm(config)
@@ -113,7 +113,7 @@ class GPT(nn.Module):
         else:  # the cache owns positions and the padding of every cached slot
             positions, padding_mask = cache.reserve(T, padding_mask)
             layer_caches = cache.layers
-        x, rotary = self.embed(idx, positions)  # (B, T, d_model)
+        x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None)  # (B, T, d_model)
         for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
             x = block(x, padding_mask, layer_cache, rotary, idx)
         if last_only:
@@ -138,8 +138,11 @@ class GPT(nn.Module):
             loss = loss + self.config.z_loss * torch.logsumexp(flat[keep], dim=-1).square().mean()
         return loss
 
-    def embed(self, idx: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None."""
+    def embed(
+        self, idx: Tensor, positions: Tensor, leading: bool = False
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None.
+        leading: the positions are 0..T - 1 (no cache, no padding), whose cos/sin RoPE keeps in a table."""
         x = self.tok_emb(idx)
         if isinstance(self.pos_emb, SinusoidalPositions):
             # The paper scales token embeddings by sqrt(d_model) (section 3.4); without it the fixed
@@ -147,7 +150,9 @@ class GPT(nn.Module):
             x = x * math.sqrt(self.config.d_model) + self.pos_emb(positions).to(x.dtype)  # table is float32
         elif self.pos_emb is not None:
             x = x + self.pos_emb(positions)
-        rotary = self.rotary(positions) if self.rotary is not None else None
+        rotary = None
+        if self.rotary is not None:
+            rotary = self.rotary.leading(idx.shape[1], idx.device) if leading else self.rotary(positions)
         return self.drop(x), rotary
 
     def max_context(self) -> int | None:

@@ -11,10 +11,14 @@
   relative positions. The pairing is the half-split one of GPT-NeoX and Llama (not the adjacent
   pairs of the paper): the same math with one permutation of the weights, and no strided copies.
 
-Angles are computed in float32 from integer positions on every call (they are cheap next to the
-matmuls) rather than stored: a buffer would be cast to bf16 by `model.to(dtype)` and lose the
-precision that large positions need.
+Angles are float32, from integer positions. RoPE keeps the cos/sin of positions 0..block_size - 1 in a
+float32 table that a cast of the model (`model.to(bf16)`) recomputes rather than rounds, since large
+positions need the precision: a compiled step read from it instead of recomputing pow, cos and sin per
+element in every layer's kernels, forward and backward (docs/recipe/round10.md). Other positions (left
+padding, a KV cache, beyond the table) are computed on the call.
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -47,19 +51,40 @@ class SinusoidalPositions(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE's cos/sin for given positions; `apply_rotary` turns them into rotated queries and keys."""
+    """RoPE's cos/sin for given positions; `apply_rotary` turns them into rotated queries and keys.
+    `leading(T)` is those of positions 0..T - 1, from the table of the first `table_length`."""
 
-    def __init__(self, d_k: int, base: float = 10000.0) -> None:
+    def __init__(self, d_k: int, base: float = 10000.0, table_length: int = 0) -> None:
         super().__init__()
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of channels; the head dim d_k ({d_k}) must be even")
         self.d_k = d_k
         self.base = base
+        # Not saved (persistent=False): checkpoints and exports hold weights only, and the table is a function of them.
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self.fill_table(table_length, None)
+
+    def fill_table(self, length: int, device: torch.device | None) -> None:
+        self.cos_table, self.sin_table = self(torch.arange(length, device=device)[None])
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> "RotaryEmbedding":
+        """A move or cast of the model: a table cast to another dtype is computed again in float32."""
+        super()._apply(fn, recurse)
+        if self.cos_table.dtype != torch.float32:
+            self.fill_table(self.cos_table.shape[-2], self.cos_table.device)
+        return self
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(B or 1, T) integer positions -> cos, sin, each (B or 1, 1, T, d_k / 2) float32."""
         theta = angles(positions, self.d_k, self.base)[:, None]  # (B, 1, T, d_k/2): one angle for all heads
         return theta.cos(), theta.sin()
+
+    def leading(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos, sin of positions 0..length - 1, each (1, 1, length, d_k / 2) float32: the table's when it has them."""
+        if length <= self.cos_table.shape[-2]:
+            return self.cos_table[:, :, :length], self.sin_table[:, :, :length]
+        return self(torch.arange(length, device=device)[None])
 
 
 def apply_rotary(x: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:

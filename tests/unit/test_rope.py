@@ -121,3 +121,29 @@ def test_learned_positions_refuse_context_beyond_block_size():
         )
     with pytest.raises(ValueError, match="KV cache length 17 must be in"):
         model.new_cache(1, 17)
+
+
+def test_the_table_of_the_first_positions_is_the_rotation_computed_for_them():
+    rope = RotaryEmbedding(8, table_length=16)
+    for length in (1, 16, 20):  # 20: past the table, computed on the call
+        table, computed = rope.leading(length, torch.device("cpu")), rope(torch.arange(length)[None])
+        assert all(torch.equal(t, c) for t, c in zip(table, computed, strict=True))
+        assert table[0].shape == (1, 1, length, 4)
+
+
+def test_a_cast_model_keeps_its_rope_table_in_float32_and_out_of_its_weights():
+    model = rope_model()
+    exact = model.rotary(torch.arange(16)[None])
+    model.to(torch.bfloat16)  # a bf16 table would rotate position 15 by a visibly wrong angle
+    assert model.rotary.cos_table.dtype == torch.float32
+    assert torch.equal(model.rotary.cos_table, exact[0]) and torch.equal(model.rotary.sin_table, exact[1])
+    assert not [name for name in model.state_dict() if "table" in name]  # checkpoints and exports: weights only
+
+
+def test_logits_from_the_table_equal_those_from_positions_computed_on_the_call():
+    model = rope_model(backend="explicit")
+    idx = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        from_table, _ = model(idx)  # no padding, no cache: positions 0..15 from the table
+        computed, _ = model(idx, padding_mask=torch.ones(2, 16, dtype=torch.bool))  # the same positions, counted
+    assert torch.equal(from_table, computed)
