@@ -25,7 +25,7 @@ from data.prepare import prepare as prepare_data
 from model.config import GPTConfig
 from training.config import TrainConfig
 from training.distributed import env_info, local_device
-from training.runtime import resolve_device
+from training.runtime import compile_or_eager, resolve_device
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,8 @@ def resolve_budget(cfg: TrainConfig) -> None:
     cfg.validate()
     device = local_device(resolve_device(cfg.device), env_info())
     probe = Trainer(copy.deepcopy(cfg), prepare_data(cfg.data, progress=cfg.progress), device)
-    if cfg.compile:
-        probe.train_model = torch.compile(probe.model)
+    if cfg.compile:  # as the run will step: compiled, or eager where the compiler fails (Trainer.prepare)
+        probe.train_model = compile_or_eager(probe.model, probe.trial_step)
     cfg.max_steps = max_steps_for(fairness, probe)
 
 

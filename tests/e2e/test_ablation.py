@@ -112,6 +112,27 @@ def test_iso_time_calibration_leaves_the_run_as_it_would_be(tiny_run_overrides, 
     assert plain["val/loss"] == iso["val/loss"]
 
 
+def test_iso_time_calibration_of_a_compiled_run_survives_a_failing_compiler(
+    tiny_run_overrides, tmp_path, monkeypatch, caplog
+):
+    # The calibration times the step as the run will take it, compiled; a compiler that fails there must fall
+    # back to eager as the run itself does, not crash the study before its first step.
+    import torch
+
+    def broken_compile(model, *args, **kwargs):
+        def fail(*a, **k):
+            raise RuntimeError("compiler exploded")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(fairness, "steps_for_time", lambda budget, seconds: 3)
+    overrides = [*tiny_run_overrides, "compile=true", "precision=fp32", "eval_interval=100"]
+    run_train([*overrides, "fairness.mode=iso_time", "fairness.time_budget_s=60"])
+    assert read_json(tmp_path / "run" / "run_info.json")["max_steps"] == 3
+    assert caplog.text.count("torch.compile failed (RuntimeError: compiler exploded); training in eager mode") == 2
+
+
 @pytest.mark.slow
 def test_an_lr_multirun_reports_two_rows_and_its_crashed_run(tiny_run_overrides, tmp_path, monkeypatch):
     """The issue's example: `train.py -m +debug=tiny optim.lr=1e-3,1e-2` over two seeds is two rows."""
