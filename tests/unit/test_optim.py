@@ -250,3 +250,23 @@ def test_matrices_of_one_shape_orthogonalised_as_a_batch_step_as_each_would_alon
             opt.step()
         assert not start.equal(matrices()[i])
         torch.testing.assert_close(together[i], start, rtol=0, atol=1e-5)
+
+
+def test_normuon_evens_out_the_rows_of_muons_update_at_its_norm():
+    def one_step(normuon_beta2):
+        params = two_matrices_and_a_gain()[:2]
+        group = {"params": params, "role": "hidden", "lr_scale": 1.0, "weight_decay": 0.0, "eps": 1e-7}
+        group |= {"momentum": 0.95, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS, "ns_steps": 5}
+        take_steps(params, MuonAdamW([group | {"normuon_beta2": normuon_beta2}], lr=0.1, ns_dtype=torch.float32), 1)
+        return [(p - start).detach() for p, start in zip(params, two_matrices_and_a_gain()[:2], strict=True)]
+
+    for muon, normuon in zip(one_step(None), one_step(0.0), strict=True):  # beta2 0: this step's RMS alone
+        rows = normuon.norm(dim=1)
+        torch.testing.assert_close(rows, rows.mean().expand_as(rows), rtol=1e-4, atol=0)
+        assert muon.norm(dim=1).std() > 0.01 * muon.norm(dim=1).mean()  # Muon's own rows differ
+        torch.testing.assert_close(normuon.norm(), muon.norm(), rtol=1e-5, atol=0)
+
+
+def test_normuon_beta2_outside_0_1_is_refused():
+    with pytest.raises(ValueError, match=r"optim.normuon_beta2=1.0 is invalid; it must be in \[0, 1\) or null"):
+        OptimConfig(normuon_beta2=1.0).validate()
