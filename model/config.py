@@ -46,6 +46,9 @@ class GPTConfig:
     # Start W_O and the MLP's down projection at zero, so every block begins as the identity (modded-nanogpt);
     # False: GPT-2's N(0, 0.02 / sqrt(2 n_layer)).
     zero_init_proj: bool = False
+    # Per-layer scalars (nanochat): block i reads resid_scales[i] * x + x0_scales[i] * x0, x0 the embedded tokens,
+    # so a deep block can take the tokens back unmixed; learned, from 1 and 0 (the plain residual stream).
+    x0_mix: bool = False
     logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma 2); None: off
     z_loss: float = 0.0  # training adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
     # Gated attention (Qiu et al. 2025): each head's output times sigmoid(x W_gate) before W_O, x the block's

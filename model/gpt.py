@@ -44,6 +44,8 @@ class GPT(nn.Module):
             self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_base, table_length=config.block_size)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
+        self.resid_scales = nn.Parameter(torch.ones(config.n_layer)) if config.x0_mix else None
+        self.x0_scales = nn.Parameter(torch.zeros(config.n_layer)) if config.x0_mix else None
         self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -80,6 +82,9 @@ class GPT(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, CausalSelfAttention) and module.sinks is not None:
                 nn.init.zeros_(module.sinks)
+            elif isinstance(module, GPT) and module.x0_scales is not None:  # the plain residual stream at first
+                nn.init.ones_(module.resid_scales)
+                nn.init.zeros_(module.x0_scales)
             elif isinstance(module, DifferentialLambda):  # as the paper: lambda starts near lambda_init
                 for vector in (module.lq1, module.lk1, module.lq2, module.lk2):
                     nn.init.normal_(vector, mean=0.0, std=0.1)
@@ -114,7 +119,10 @@ class GPT(nn.Module):
             positions, padding_mask = cache.reserve(T, padding_mask)
             layer_caches = cache.layers
         x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None)  # (B, T, d_model)
-        for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
+        x0 = x
+        for layer, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
+            if self.x0_scales is not None:
+                x = self.resid_scales[layer] * x + self.x0_scales[layer] * x0
             x = block(x, padding_mask, layer_cache, rotary, idx)
         if last_only:
             assert targets is None, "last_only is for sampling; a loss needs every position"

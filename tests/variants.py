@@ -30,6 +30,7 @@ VARIANTS: dict[str, dict] = {
     "diff_rope_gqa_qk_norm": {"attn_diff": True, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
     "mla_window": {"mla_latent": 16, "window_pattern": "SL", "window_size": 4},  # a latent cache, windowed in layer 0
     "mla_rope_gqa_qk_norm": {"mla_latent": 16, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
+    "x0_mix": {"x0_mix": True, "pos_encoding": "rope"},  # per-layer scalars of the residual stream and the embeddings
 }
 
 BACKENDS = ("explicit", "sdpa", "materialized")

@@ -175,3 +175,25 @@ def test_same_seed_same_model_and_loss():
         return model(idx, idx)[1]
 
     assert torch.equal(run(), run())
+
+
+def test_x0_mix_starts_as_the_plain_model_and_mixes_the_embeddings_into_every_block_causally():
+    torch.manual_seed(0)
+    mixed = GPT(tiny(pos_encoding="rope", x0_mix=True)).eval()
+    plain = GPT(tiny(pos_encoding="rope")).eval()
+    assert mixed.num_params() == plain.num_params() + 2 * 2  # two scalars a layer
+    plain.load_state_dict({k: v for k, v in mixed.state_dict().items() if not k.endswith("_scales")})
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(mixed(idx)[0], plain(idx)[0])  # scales 1 and 0: the plain residual stream
+        mixed.resid_scales.copy_(torch.tensor([0.7, 1.3]))
+        mixed.x0_scales.copy_(torch.tensor([0.5, -0.4]))
+        logits = mixed(idx)[0]
+        assert not torch.allclose(logits, plain(idx)[0], atol=1e-3)
+        changed = idx.clone()
+        changed[:, 10:] = (changed[:, 10:] + 1) % 64  # later tokens change: earlier logits may not
+        assert torch.equal(mixed(changed)[0][:, :10], logits[:, :10])
+        cache = mixed.new_cache(2)
+        first, _ = mixed(idx[:, :9], cache=cache)
+        rest, _ = mixed(idx[:, 9:], cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), logits, rtol=1e-5, atol=1e-5)
