@@ -264,6 +264,8 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
         (["bench/bench_memory_policy.py", "--rounds", "0"], "error: argument --rounds: 0 is invalid"),
         (["bench/bench_memory_policy.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
         (["bench/profile_step.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+        (["bench/bench_step_pair.py", "--change", "model.x0_mix=true", "--rounds", "0"], "error: argument --rounds: 0"),
+        (["bench/bench_step_pair.py", "--change", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
         (["bench/profile_step.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
     ],
 )
@@ -306,3 +308,21 @@ def test_profile_step_names_the_machine_and_the_steps_ops_with_their_shares(tiny
     assert len(rows) == 5 and "aten::mm" in [r[0] for r in rows]  # the model's linears
     shares = [float(r[2].rstrip("%")) for r in rows]
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
+
+
+def test_bench_step_pair_times_both_in_alternating_rounds_and_prints_one_ratio(tiny_run_overrides):
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    argv = [sys.executable, "bench/bench_step_pair.py", "--change", "model.x0_mix=true", "--rounds", "3"]
+    argv += ["--steps", "2", "--warmup", "1", "--", *overrides]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True, timeout=300).stdout
+    lines = out.splitlines()
+    assert device_name(torch.device("cpu")) in lines[0]
+    assert re.fullmatch(r"without: \d+\.\d ms/step, compiled: False", lines[2])
+    assert re.fullmatch(r"with model.x0_mix=true: \d+\.\d ms/step, compiled: False", lines[3])
+    ratio, low, high = map(
+        float,
+        re.fullmatch(
+            r"with / without: (\S+) \(median of 3 rounds of 2 steps each; rounds (\S+)-(\S+)\)", lines[4]
+        ).groups(),
+    )
+    assert 0 < low <= ratio <= high
