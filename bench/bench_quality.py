@@ -62,20 +62,24 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (~25 s for the default on a Zen 4, against ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+ROUND_10_UNDONE = ["model.x0_mix=false", "model.window_pattern=null"]  # what round 10 added to the model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
+    # The default before round 10 (docs/recipe/round10.md): no residual mix, no sliding windows.
+    "round9": [*ROUND_10_UNDONE],
     # The default before round 9 (docs/recipe/round9.md): eager, not compiled.
-    "round8": ["compile=false"],
+    "round8": [*ROUND_10_UNDONE, "compile=false"],
     # The default before round 8 (docs/recipe/round8.md): the one deterministic segmentation of the train text.
-    "round7": ["compile=false", "data.bpe_dropout=0"],
+    "round7": [*ROUND_10_UNDONE, "compile=false", "data.bpe_dropout=0"],
     # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
-    "round4": ["compile=false", "data.bpe_dropout=0", "optim.average_from=null"],
+    "round4": [*ROUND_10_UNDONE, "compile=false", "data.bpe_dropout=0", "optim.average_from=null"],
     # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
     "round3": [
+        *ROUND_10_UNDONE,
         "compile=false",
         "data.bpe_dropout=0",
         "optim.muon_weight_decay=0.0",

@@ -224,6 +224,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
     assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
+    assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # round 10 (docs/recipe/round10.md)
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -247,28 +248,43 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.model.n_layer == 4
     assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
     assert cfg.compile is False  # round 9 compiles the default's step
+    assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # round 10's residual mix and windows
 
 
-def test_round_8s_default_is_todays_eager():
+def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
     from bench.bench_quality import RECIPES
 
-    round8, default = compose_config(RECIPES["round8"]), compose_config([])
-    assert (round8.compile, default.compile) == (False, True)
-    assert (round8.model, round8.optim, round8.data, round8.batch_size) == (
-        default.model,
+    round9, default = compose_config(RECIPES["round9"]), compose_config([])
+    assert (round9.model.x0_mix, round9.model.window_pattern) == (False, None)
+    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL"} == {**default.model}
+    assert (round9.optim, round9.data, round9.batch_size, round9.compile) == (
         default.optim,
         default.data,
         default.batch_size,
+        default.compile,
     )
 
 
-def test_round_7s_default_is_todays_on_the_one_deterministic_segmentation():
+def test_round_8s_default_is_round_9s_eager():
     from bench.bench_quality import RECIPES
 
-    round7, default = compose_config(RECIPES["round7"]), compose_config([])
-    assert (round7.data.bpe_dropout, default.data.bpe_dropout) == (0.0, 0.03)
+    round8, round9 = compose_config(RECIPES["round8"]), compose_config(RECIPES["round9"])
+    assert (round8.compile, round9.compile) == (False, True)
+    assert (round8.model, round8.optim, round8.data, round8.batch_size) == (
+        round9.model,
+        round9.optim,
+        round9.data,
+        round9.batch_size,
+    )
+
+
+def test_round_7s_default_is_round_9s_on_the_one_deterministic_segmentation():
+    from bench.bench_quality import RECIPES
+
+    round7, round9 = compose_config(RECIPES["round7"]), compose_config(RECIPES["round9"])
+    assert (round7.data.bpe_dropout, round9.data.bpe_dropout) == (0.0, 0.03)
     assert not round7.compile
-    assert (round7.model, round7.optim, round7.batch_size) == (default.model, default.optim, default.batch_size)
+    assert (round7.model, round7.optim, round7.batch_size) == (round9.model, round9.optim, round9.batch_size)
 
 
 def test_round_2s_default_is_spelled_once_and_is_what_the_noise_floor_trains():
@@ -298,6 +314,7 @@ def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_lear
         assert cfg.data.tokenizer == ("gpt2" if experiment == "bpe_budget" else "char"), experiment
         assert (cfg.model.pos_encoding, cfg.model.qk_norm) == ("learned", False), experiment
         assert cfg.compile is False, experiment  # as measured: each sweep job would compile a shape of its own
+        assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None), experiment
 
 
 def test_the_smoke_run_does_not_compile():
