@@ -9,7 +9,8 @@ than most changes it is asked to measure. Here both trainers are built (and comp
 each takes `--steps` steps in turn, `--rounds` times; each round gives one ratio (with the change / without, of
 the two rounds' median step times), so a drift between rounds falls on both. It prints the machine, each median
 step time, the median ratio and the range of the rounds' ratios. A step is `Trainer.advance` inside the cooldown
-(the schedule's lr, the optimizer step and the weight average): what the loop runs.
+(the schedule's lr, the optimizer step and the weight average): what the loop runs. (bench_train.py interleaves
+eager rows the same way, but gives each compiled row a process of its own, for its memory high-water mark.)
 """
 
 import argparse
