@@ -25,7 +25,12 @@ def run_dir(tmp_path_factory):
     overrides = ["+debug=tiny", "data.source=files", "data.tokenizer=char", f"data.files=[{','.join(files)}]"]
     overrides += [f"data.cache_dir={base / 'cache'}", f"out_dir={base / 'run'}", "progress=false", "optim.lr=3e-3"]
     overrides += ["model.pos_encoding=learned", "model.qk_norm=false"]  # GPT-2's layout: the export test needs it
-    overrides += ["model.tie_embeddings=true", "model.attn_gate=null"]
+    overrides += [
+        "model.tie_embeddings=true",
+        "model.attn_gate=null",
+        "model.x0_mix=false",
+        "model.window_pattern=null",
+    ]
     done = run_cli(["train.py", *overrides])
     assert done.returncode == 0, done.stderr[-3000:]
     return base / "run"
