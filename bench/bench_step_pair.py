@@ -27,6 +27,7 @@ import torch
 from bench.bench_train import load_config
 from cli.schema_help import OneLineParser, at_least
 from data.prepare import prepare
+from training.config import TrainConfig
 from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
 
@@ -43,8 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ready_trainer(overrides: list[str], warmup: int) -> Trainer:
-    cfg = load_config(overrides)
+def ready_trainer(cfg: TrainConfig, warmup: int) -> Trainer:
     trainer = Trainer(cfg, prepare(cfg.data, progress=False), resolve_device(cfg.device))
     trainer.prepare()  # compiles, where the config does
     round_ms(trainer, warmup)
@@ -64,13 +64,11 @@ def round_ms(trainer: Trainer, steps: int) -> float:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    both = [args.overrides, [*args.overrides, *args.change]]
-    try:
-        for overrides in both:
-            load_config(overrides)  # a refusal in one line, before anything is built
+    try:  # both composed first: a refusal in one line, before anything is built
+        configs = [load_config(args.overrides), load_config([*args.overrides, *args.change])]
     except ValueError as e:
         parser.error(str(e))
-    without, with_change = (ready_trainer(overrides, args.warmup) for overrides in both)
+    without, with_change = (ready_trainer(cfg, args.warmup) for cfg in configs)
     rounds = [(round_ms(without, args.steps), round_ms(with_change, args.steps)) for _ in range(args.rounds)]
     ratios = sorted(changed / plain for plain, changed in rounds)
     print(f"cpu: {device_name(torch.device('cpu'))}; torch {torch.__version__}, {torch.get_num_threads()} threads")

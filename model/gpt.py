@@ -58,12 +58,13 @@ class GPT(nn.Module):
         Linear and embedding weights ~ N(0, 0.02), biases 0, norm gains 1 and LayerNorm biases 0,
         the RMSNorm gains of QK-norm 1 (so it starts as a pure normalisation), attention sink logits
         0 (as one more key that scores 0), differential attention's lambda vectors N(0, 0.1) (as its
-        paper). An untied LM head is a Linear like the others, and so are the gates of gated attention
-        and value embeddings, and MLA's projections. The two projections that write into the
-        residual stream (attention W_O, MLP down) get std 0.02 / sqrt(2 * n_layer): each block adds
-        two such terms, so this keeps the variance of the residual stream from growing with depth. With
-        zero_init_proj they start at 0 instead: each block is then the identity at step 0 and
-        its first update moves only the projection, a gentler start that short runs can afford.
+        paper), the residual mix's scalars 1 and 0. An untied LM head is a Linear like the others, and
+        so are the gates of gated attention and value embeddings, and MLA's projections. The two
+        projections that write into the residual stream (attention W_O, MLP down) get std
+        0.02 / sqrt(2 * n_layer): each block adds two such terms, so this keeps the variance of the
+        residual stream from growing with depth. With zero_init_proj they start at 0 instead: each block
+        is then the identity at step 0 and its first update moves only the projection, a gentler start
+        that short runs can afford.
         """
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
@@ -82,12 +83,12 @@ class GPT(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, CausalSelfAttention) and module.sinks is not None:
                 nn.init.zeros_(module.sinks)
-            elif isinstance(module, GPT) and module.x0_scales is not None:  # the plain residual stream at first
-                nn.init.ones_(module.resid_scales)
-                nn.init.zeros_(module.x0_scales)
             elif isinstance(module, DifferentialLambda):  # as the paper: lambda starts near lambda_init
                 for vector in (module.lq1, module.lk1, module.lq2, module.lk2):
                     nn.init.normal_(vector, mean=0.0, std=0.1)
+        if self.x0_scales is not None:  # the residual mix's scalars: the plain residual stream at first
+            nn.init.ones_(self.resid_scales)
+            nn.init.zeros_(self.x0_scales)
 
     def forward(
         self,
