@@ -40,6 +40,9 @@ class OptimConfig:
     # (its embeddings learn ~50x faster than its head): one row of the table moves only when its token occurs.
     embedding_lr: float | None = None
     head_lr: float | None = None
+    # Peak lr of the "gain" group (norm gains, biases, the residual mix's per-layer scalars); null: optim.lr.
+    # nanochat gives its per-layer scalars a far larger lr than its matrices' AdamW.
+    gain_lr: float | None = None
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, times Muon's lr
     # NorMuon (Li et al. 2025): each row (output neuron) of Muon's orthogonalised update divided by its RMS,
@@ -62,8 +65,8 @@ class OptimConfig:
         # Adam and Muon move each weight by about lr a step, so an lr above 1 only diverges, and 1e300 overflowed
         # the update's float32 scalars: a crash after the run's first records. MAX_LR is generous and stays far
         # below that overflow, also after Adam's bias correction (lr / (1 - beta1) < 1e19 for any float beta1 < 1).
-        for name in ("lr", "muon_lr", "embedding_lr", "head_lr"):
-            if getattr(self, name) is None and name in ("embedding_lr", "head_lr"):
+        for name in ("lr", "muon_lr", "embedding_lr", "head_lr", "gain_lr"):
+            if getattr(self, name) is None and name in ("embedding_lr", "head_lr", "gain_lr"):
                 continue  # null: optim.lr
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0")
@@ -147,7 +150,7 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
     decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": cfg.embedding_weight_decay}
-    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr}  # None: cfg.lr
+    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "gain": cfg.gain_lr}  # None: cfg.lr
     adam = {"betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
     groups = [
         {"params": params, "role": role, "weight_decay": decay.get(role, 0.0), **adam}

@@ -113,20 +113,23 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_embedding_and_head_lrs_set_their_groups_peaks(optimizer):
-    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False}))
-    cfg = OptimConfig(optimizer=optimizer, lr=0.004, muon_lr=0.02, embedding_lr=0.3, head_lr=0.008)
+@pytest.mark.parametrize("gain_lr", [None, 0.05])
+def test_embedding_head_and_gain_lrs_set_their_groups_peaks(optimizer, gain_lr):
+    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False, "x0_mix": True}))
+    cfg = OptimConfig(optimizer=optimizer, lr=0.004, muon_lr=0.02, embedding_lr=0.3, head_lr=0.008, gain_lr=gain_lr)
     opt = build_optimizer(model, cfg, "cpu")
     set_lr(opt, 0.002)  # half the peak: each group at half its own
     lrs = {g["role"]: g["lr"] for g in opt.param_groups}
     assert lrs["embedding"] == pytest.approx(0.15) and lrs["head"] == pytest.approx(0.004)
-    assert lrs["gain"] == pytest.approx(0.002)
+    assert lrs["gain"] == pytest.approx(0.025 if gain_lr else 0.002)
+    gains = {id(p) for g in opt.param_groups if g["role"] == "gain" for p in g["params"]}
+    assert id(model.x0_scales) in gains and id(model.resid_scales) in gains  # the residual mix's scalars
     assert lrs["hidden"] == pytest.approx(0.01 if optimizer == "muon" else 0.002)
 
 
-@pytest.mark.parametrize("name", ["embedding_lr", "head_lr"])
+@pytest.mark.parametrize("name", ["embedding_lr", "head_lr", "gain_lr"])
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), 1e6])
-def test_embedding_and_head_lrs_refuse_bad_values(name, value):
+def test_embedding_head_and_gain_lrs_refuse_bad_values(name, value):
     with pytest.raises(ValueError, match=rf"optim.{name}={value} is invalid"):
         OptimConfig(**{name: value}).validate()
 
