@@ -388,7 +388,7 @@ class CausalSelfAttention(nn.Module):
         if kernel == "materialized":
             n_head = q.shape[1]
             k, v = expand_kv_heads(k, n_head), expand_kv_heads(v, n_head)
-            y = causal_materialized_attention(q, k, v, mask, self.softcap, sinks)
+            y = causal_materialized_attention(q, k, v, mask, self.softcap, sinks, self.window)
         else:
             y = fused_attention(q, k, v, mask, dropout_p=dropout_p)
         return y if has_visible is None else y * has_visible

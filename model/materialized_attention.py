@@ -7,7 +7,8 @@ matmuls run at it, and the probabilities cost little memory at these lengths.
 
 Queries go in blocks of QUERY_BLOCK; a block only multiplies the keys up to its last query's
 position, so the work above the causal diagonal is mostly skipped (about 5/8 of the full product
-at T = 256). Autograd through the explicit path would store the scores, the masked and the scaled
+at T = 256), and under a sliding window only the keys from its first query's window on: a windowed
+layer's work grows with T, not T^2. Autograd through the explicit path would store the scores, the masked and the scaled
 scores and pass over each again; by hand, the backward needs only the saved probabilities P.
 With O = P V and P = softmax(S):
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
@@ -36,20 +37,29 @@ def softmax_with_sink(scores: Tensor, sinks: Tensor) -> Tensor:
     return torch.cat([scores, sink], dim=-1).softmax(dim=-1)
 
 
-def _query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, int]]:
-    """(start, stop, keys): queries start..stop-1 (the last of key_length positions) see keys < `keys`."""
+def _query_blocks(query_length: int, key_length: int, window: int | None = None) -> list[tuple[int, int, int, int]]:
+    """(start, stop, first, last): queries start..stop-1 (the last of key_length positions) see keys first..last-1
+    at most; `window` (keys a query sees, its own included) moves `first` up to the block's first query's window."""
     offset = key_length - query_length
     blocks = []
     for start in range(0, query_length, QUERY_BLOCK):
         stop = min(start + QUERY_BLOCK, query_length)
-        blocks.append((start, stop, offset + stop))
+        first = max(0, offset + start - window + 1) if window is not None else 0
+        blocks.append((start, stop, first, offset + stop))
     return blocks
 
 
 class _CausalMaterializedAttention(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, query: Tensor, key: Tensor, value: Tensor, hidden: Tensor, softcap: float | None, sinks: Tensor | None
+        ctx,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        hidden: Tensor,
+        softcap: float | None,
+        sinks: Tensor | None,
+        window: int | None,
     ) -> Tensor:
         Tq = query.shape[-2]
         # Work in the inputs' dtype: under autocast, softmax would otherwise come back in float32.
@@ -59,60 +69,63 @@ class _CausalMaterializedAttention(torch.autograd.Function):
             # them once per block.
             key, value = key.contiguous(), value.contiguous()
             probs, tanhs, sink_probs, outs = [], [], [], []
-            for start, stop, keys in _query_blocks(Tq, key.shape[-2]):
-                scores = scaled_query[:, :, start:stop] @ key[:, :, :keys].transpose(-2, -1)  # (B, H, block, keys)
+            for start, stop, first, last in _query_blocks(Tq, key.shape[-2], window):
+                keys = slice(first, last)
+                scores = scaled_query[:, :, start:stop] @ key[:, :, keys].transpose(-2, -1)  # (B, H, block, keys)
                 if softcap is not None:  # S = c tanh(S / c); the backward needs the tanh
                     tanhs.append(torch.tanh(scores / softcap))
                     scores = softcap * tanhs[-1]
-                scores.masked_fill_(hidden[..., start:stop, :keys], float("-inf"))  # mask before softmax
+                scores.masked_fill_(hidden[..., start:stop, keys], float("-inf"))  # mask before softmax
                 if sinks is None:
                     probs.append(scores.softmax(dim=-1))
                 else:  # the sink's share of each row is kept for its gradient
                     with_sink = softmax_with_sink(scores, sinks)
                     probs.append(with_sink[..., :-1].contiguous())
                     sink_probs.append(with_sink[..., -1:].contiguous())
-                outs.append(probs[-1] @ value[:, :, :keys])
-        ctx.blocks, ctx.softcap, ctx.sinks = len(probs), softcap is not None, sinks is not None
+                outs.append(probs[-1] @ value[:, :, keys])
+        ctx.blocks, ctx.softcap, ctx.sinks, ctx.window = len(probs), softcap is not None, sinks is not None, window
         ctx.save_for_backward(scaled_query, key, value, *probs, *tanhs, *sink_probs)
         return torch.cat(outs, dim=-2)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, Tensor | None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, Tensor | None, None]:
         scaled_query, key, value, *saved = ctx.saved_tensors
         n, none = ctx.blocks, [None] * ctx.blocks
         probs, saved = saved[:n], saved[n:]
         tanhs, saved = (saved[:n], saved[n:]) if ctx.softcap else (none, saved)
         sink_probs = saved if ctx.sinks else none
         grad_out = grad_out.to(value.dtype).contiguous()
-        blocks = _query_blocks(scaled_query.shape[-2], key.shape[-2])
-        # Key and value gradients sum over the query blocks, in float32 at least. The last block
-        # sees every key, so going backwards its share starts the sums: no zero fill, no sum at all
-        # for a single block.
+        blocks = _query_blocks(scaled_query.shape[-2], key.shape[-2], ctx.window)
+        # Key and value gradients sum over the query blocks, in float32 at least, each block's share padded with
+        # zeros to every key and added out of place, not `grad_key[..., first:last] += ...`: inductor fuses an
+        # in-place slice add into a select that reads the sum so far twice, so the fused kernel's work doubled
+        # with every block (context 256, 4 blocks: 1.8x the step). A single block is the sum, in the inputs' dtype.
         accumulate = key.dtype if len(blocks) == 1 else torch.promote_types(key.dtype, torch.float32)
         grad_queries, grad_key, grad_value, grad_sinks = [], None, None, 0.0
         steps = zip(reversed(blocks), reversed(probs), reversed(tanhs), reversed(sink_probs), strict=True)
-        for (start, stop, keys), p, t, sink_p in steps:
+        for (start, stop, first, last), p, t, sink_p in steps:
+            keys = slice(first, last)
             grad_block = grad_out[:, :, start:stop]
             value_share = p.transpose(-2, -1) @ grad_block
-            grad_probs = grad_block @ value[:, :, :keys].transpose(-2, -1)
+            grad_probs = grad_block @ value[:, :, keys].transpose(-2, -1)
             grad_scores = torch._softmax_backward_data(grad_probs, p, -1, p.dtype)  # P * (dP - rowsum(dP P))
             if sink_p is not None:  # the sink has no value, so its dP is 0: d sink = P_sink * (0 - rowsum(dP P))
                 rowsum = (grad_probs * p).sum(-1, keepdim=True, dtype=torch.promote_types(p.dtype, torch.float32))
                 grad_sinks = grad_sinks - (sink_p * rowsum).sum((0, 2, 3))
             if t is not None:  # through the soft cap: d(c tanh(s / c))/ds = 1 - tanh^2
                 grad_scores = grad_scores * (1 - t.square())
-            grad_queries.append(grad_scores @ key[:, :, :keys])
+            grad_queries.append(grad_scores @ key[:, :, keys])
             key_share = grad_scores.transpose(-2, -1) @ scaled_query[:, :, start:stop]
+            pad = (0, 0, first, key.shape[-2] - last)
+            if any(pad):
+                key_share, value_share = F.pad(key_share, pad), F.pad(value_share, pad)
             if grad_key is None:
                 grad_key, grad_value = key_share.to(accumulate), value_share.to(accumulate)
-            else:  # padded with zeros to every key and added out of place, not `grad_key[..., :keys] += ...`:
-                # inductor fuses each in-place slice add into a select that reads the sum so far twice, so
-                # the fused kernel's work doubled with every block (T = 256, 4 blocks: 1.8x the step)
-                pad = (0, 0, 0, key.shape[-2] - keys)
-                grad_key, grad_value = grad_key + F.pad(key_share, pad), grad_value + F.pad(value_share, pad)
+            else:
+                grad_key, grad_value = grad_key + key_share, grad_value + value_share
         grad_query = torch.cat(grad_queries[::-1], dim=-2).mul_(key.shape[-1] ** -0.5)
         grad_sinks = grad_sinks.to(key.dtype) if ctx.sinks else None
-        return grad_query, grad_key.to(key.dtype), grad_value.to(value.dtype), None, None, grad_sinks
+        return grad_query, grad_key.to(key.dtype), grad_value.to(value.dtype), None, None, grad_sinks, None
 
 
 def causal_materialized_attention(
@@ -122,6 +135,7 @@ def causal_materialized_attention(
     attention_mask: Tensor | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Causal softmax(QK^T / sqrt(d_k) + mask) V; query (B, H, Tq, D), key/value (B, H, Tk, D), one dtype.
 
@@ -130,16 +144,21 @@ def causal_materialized_attention(
     to (B, H, Tq, Tk)) can narrow that further, e.g. to hide padding or keep a sliding window, but
     every row must keep at least one visible key (`model.attention.open_blind_rows`). `softcap` c
     replaces the scores S by c tanh(S / c) before the mask (Gemma 2); `sinks` (H,) adds one logit per
-    head to every softmax's denominator (`softmax_with_sink`). No dropout: callers that need it
-    take another path.
+    head to every softmax's denominator (`softmax_with_sink`). `window` w: each query sees only the last
+    w keys up to its own (a sliding window), and the blocks skip the keys before them. No dropout:
+    callers that need it take another path.
     """
     if not query.dtype == key.dtype == value.dtype:
         raise ValueError(f"query, key and value dtypes differ: {query.dtype}, {key.dtype}, {value.dtype}")
     Tq, Tk = query.shape[-2], key.shape[-2]
     if Tk < Tq:
         raise ValueError(f"causal attention needs at least as many keys as queries, got {Tk} keys for {Tq}")
+    if window is not None and window < 1:
+        raise ValueError(f"window={window} is invalid; a query sees at least its own key (window >= 1)")
     visible = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(diagonal=Tk - Tq)
+    if window is not None:
+        visible = visible.triu(diagonal=Tk - Tq - window + 1)
     if attention_mask is not None:
         visible = visible & attention_mask
     sinks = sinks.to(query.dtype) if sinks is not None else None
-    return _CausalMaterializedAttention.apply(query, key, value, ~visible, softcap, sinks)
+    return _CausalMaterializedAttention.apply(query, key, value, ~visible, softcap, sinks, window)

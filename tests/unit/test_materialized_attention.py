@@ -47,6 +47,41 @@ def test_values_and_gradients_match_the_equation(monkeypatch, block, Tq, Tk, wit
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("block", [4, 64])
+@pytest.mark.parametrize("window", [1, 3, 5, 9, 40])  # one key; shorter than a block; longer; wider than every row
+@pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 9), (4, 17), (12, 30)])
+def test_a_window_skips_only_keys_it_hides(monkeypatch, block, window, Tq, Tk):
+    """With `window`, each block reads only the keys from its first query's window on: values and gradients
+    still equal the equation's under the same sliding-window mask, and no gradient reaches an older key."""
+    monkeypatch.setattr(materialized, "QUERY_BLOCK", block)
+    mask = build_aligned_causal_mask(Tq, Tk, window=window)
+    q, k, v = tensors(Tq=Tq, Tk=Tk)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = causal_materialized_attention(q, k, v, window=window)
+    ref = scaled_dot_product_attention(qr, kr, vr, mask)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in ((out, ref), (q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    oldest = max(0, Tk - Tq - window + 1)  # the first query's window starts here: older keys are read by no query
+    assert k.grad[:, :, :oldest].eq(0).all() and v.grad[:, :, :oldest].eq(0).all()
+
+
+def test_a_window_works_with_soft_cap_and_sinks_and_refuses_zero(monkeypatch):
+    monkeypatch.setattr(materialized, "QUERY_BLOCK", 4)
+    q, k, v = tensors(Tq=12, Tk=12)
+    sinks = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    mask = build_aligned_causal_mask(12, 12, window=3)
+    got = causal_materialized_attention(q, k, v, softcap=5.0, sinks=sinks, window=3)
+    torch.testing.assert_close(got, causal_materialized_attention(q, k, v, mask, softcap=5.0, sinks=sinks))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, s: causal_materialized_attention(q, k, v, softcap=5.0, sinks=s, window=3), (q, k, v, sinks)
+    )
+    with pytest.raises(ValueError, match="window=0 is invalid"):
+        causal_materialized_attention(q, k, v, window=0)
+
+
 def test_hand_written_backward_passes_gradcheck():
     q, k, v = tensors(B=1, H=2, Tq=12, Tk=12, D=4)
     mask = open_blind_rows(padded_mask(1, 12, 12, seed=3))[0]
