@@ -62,13 +62,16 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (~25 s for the default on a Zen 4, against ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
-ROUND_10_UNDONE = ["model.x0_mix=false", "model.window_pattern=null"]  # what round 10 added to the model
+ROUND_11_UNDONE = ["eval_interval=100"]  # round 11 evaluates and saves every 250 steps (and evaluates uncompiled)
+ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
+    # The default before round 11 (docs/recipe/round11.md): an evaluation and a save every 100 steps.
+    "round10": [*ROUND_11_UNDONE],
     # The default before round 10 (docs/recipe/round10.md): no residual mix, no sliding windows.
     "round9": [*ROUND_10_UNDONE],
     # The default before round 9 (docs/recipe/round9.md): eager, not compiled.

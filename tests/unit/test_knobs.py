@@ -249,6 +249,17 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
     assert cfg.compile is False  # round 9 compiles the default's step
     assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # round 10's residual mix and windows
+    # round 11 evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
+    # bench_quality's headline comparison pay the same evaluations
+    assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
+
+
+def test_round_10s_default_is_todays_evaluating_every_100_steps():
+    from bench.bench_quality import RECIPES
+
+    round10, default = compose_config(RECIPES["round10"]), compose_config([])
+    assert (round10.eval_interval, default.eval_interval) == (100, 250)
+    assert {**round10, "eval_interval": 250} == {**default}
 
 
 def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
