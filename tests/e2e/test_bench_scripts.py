@@ -33,7 +33,8 @@ def test_bench_attention_prints_a_row_per_dtype_and_length():
         ("bf16", 8, 8),
         ("bf16", 32, 2),
     ]
-    assert all(float(x) > 0 for r in rows for x in r[3:])
+    # times in ms to one decimal: at these sizes a row can take under 0.05 ms and print 0.0
+    assert all(float(x) >= 0 for r in rows for x in r[3:])
 
 
 @pytest.mark.usefixtures("one_thread")
