@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from cli.schema_help import OneLineParser, at_least
-from model.attention import MATERIALIZED_MAX_KEYS, build_causal_mask, scaled_dot_product_attention
+from model.attention import MATERIALIZED_MAX_KEYS, scaled_dot_product_attention
+from model.causal_mask import build_causal_mask
 from model.materialized_attention import causal_materialized_attention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

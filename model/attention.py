@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.causal_mask import build_aligned_causal_mask
 from model.config import GPTConfig
 from model.differential import DifferentialLambda, maps_as_heads, subtract_maps
 from model.kv_cache import LayerCache
@@ -49,32 +50,6 @@ from model.position import apply_rotary
 # (fwd+bwd, 8192 tokens, 2-core Zen 4) measured it 2.0-3.2x faster than the fused kernel in bf16 and
 # 1.1-1.4x in fp32 for 64-512 keys, 1.1-1.2x at 1024, where its probabilities grow to tens of MB.
 MATERIALIZED_MAX_KEYS = 512
-
-
-def build_causal_mask(sequence_length: int, device: torch.device | str | None = None) -> Tensor:
-    """Boolean (1, 1, T, T) mask, True where query i may see key j (j <= i)."""
-    if sequence_length < 1:
-        raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
-    return build_aligned_causal_mask(sequence_length, sequence_length, device)
-
-
-def build_aligned_causal_mask(
-    query_length: int, key_length: int, device: torch.device | str | None = None, window: int | None = None
-) -> Tensor:
-    """Boolean (1, 1, Tq, Tk) causal mask for queries that are the *last* Tq of Tk positions.
-
-    This is the lower-right alignment cached decoding needs: query i sits at absolute position
-    Tk - Tq + i and sees keys 0..Tk - Tq + i. (`F.scaled_dot_product_attention(is_causal=True)`
-    aligns upper-left instead, which is wrong whenever Tq < Tk.) With a sliding window it sees only
-    the last `window` of those, its own included: keys Tk - Tq + i - window + 1 .. Tk - Tq + i.
-    """
-    if query_length < 1 or key_length < query_length:
-        raise ValueError(f"need 1 <= query_length <= key_length, got {query_length} and {key_length}")
-    offset = key_length - query_length
-    mask = torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(diagonal=offset)
-    if window is not None:
-        mask = mask.triu(diagonal=offset - window + 1)
-    return mask.view(1, 1, query_length, key_length)
 
 
 def _check_shapes(query: Tensor, key: Tensor, value: Tensor) -> None:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.causal_mask import build_aligned_causal_mask
+
 QUERY_BLOCK = 64  # smaller blocks skip more of the upper triangle but run the matmuls less efficiently
 
 
@@ -155,9 +157,7 @@ def causal_materialized_attention(
         raise ValueError(f"causal attention needs at least as many keys as queries, got {Tk} keys for {Tq}")
     if window is not None and window < 1:
         raise ValueError(f"window={window} is invalid; a query sees at least its own key (window >= 1)")
-    visible = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(diagonal=Tk - Tq)
-    if window is not None:
-        visible = visible.triu(diagonal=Tk - Tq - window + 1)
+    visible = build_aligned_causal_mask(Tq, Tk, query.device, window)
     if attention_mask is not None:
         visible = visible & attention_mask
     sinks = sinks.to(query.dtype) if sinks is not None else None

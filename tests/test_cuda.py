@@ -11,7 +11,8 @@ import torch
 from cli.config import to_train_config
 from generation.generate import SamplingParams, generate, pad_prompts
 from model import GPT, GPTConfig
-from model.attention import build_causal_mask, fused_attention, scaled_dot_product_attention
+from model.attention import fused_attention, scaled_dot_product_attention
+from model.causal_mask import build_causal_mask
 from model.materialized_attention import causal_materialized_attention
 from tests.helpers import compose_config
 from tests.variants import VARIANTS

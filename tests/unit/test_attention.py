@@ -9,13 +9,12 @@ import torch.nn.functional as F
 from model.attention import (
     CausalSelfAttention,
     attention_weights,
-    build_aligned_causal_mask,
-    build_causal_mask,
     expand_kv_heads,
     fused_attention,
     open_blind_rows,
     scaled_dot_product_attention,
 )
+from model.causal_mask import build_aligned_causal_mask, build_causal_mask
 from model.config import GPTConfig
 from model.differential import maps_as_heads, subtract_maps
 from model.materialized_attention import causal_materialized_attention

@@ -9,10 +9,10 @@ import model.materialized_attention as materialized
 from model.attention import (
     MATERIALIZED_MAX_KEYS,
     CausalSelfAttention,
-    build_aligned_causal_mask,
     open_blind_rows,
     scaled_dot_product_attention,
 )
+from model.causal_mask import build_aligned_causal_mask
 from model.config import GPTConfig
 from model.materialized_attention import causal_materialized_attention
 
