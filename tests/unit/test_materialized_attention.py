@@ -1,6 +1,8 @@
 """The materialized kernel: equal to the equation in values and gradients, block skipping included,
 causal whatever the mask says, and what `auto` picks it for."""
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,21 @@ def padded_mask(B, Tq, Tk, seed=0):
     return build_aligned_causal_mask(Tq, Tk) & pad[:, None, None, :]
 
 
+def assert_matches_the_equation(attend, mask, Tq, Tk) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend(q, k, v) equals the equation under `mask` in its output and in the gradients of q, k and v (float64);
+    returns the key and value it was given, gradients filled in."""
+    q, k, v = tensors(Tq=Tq, Tk=Tk)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = attend(q, k, v)
+    ref = scaled_dot_product_attention(qr, kr, vr, mask)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in ((out, ref), (q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    return k, v
+
+
 @pytest.mark.parametrize("block", [5, 64])  # several blocks, the last ragged; one block covering all
 @pytest.mark.parametrize("Tq,Tk", [(13, 13), (1, 9), (4, 17), (12, 30)])
 @pytest.mark.parametrize("with_padding", [False, True])
@@ -36,15 +53,11 @@ def test_values_and_gradients_match_the_equation(monkeypatch, block, Tq, Tk, wit
     monkeypatch.setattr(materialized, "QUERY_BLOCK", block)
     mask = padded_mask(2, Tq, Tk) if with_padding else build_aligned_causal_mask(Tq, Tk)
     opened, has_visible = open_blind_rows(mask)
-    q, k, v = tensors(Tq=Tq, Tk=Tk)
-    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = causal_materialized_attention(q, k, v, opened) * has_visible
-    ref = scaled_dot_product_attention(qr, kr, vr, mask)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
-    out.backward(grad)
-    ref.backward(grad)
-    for got, want in ((out, ref), (q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+    def masked(q, k, v):
+        return causal_materialized_attention(q, k, v, opened) * has_visible
+
+    assert_matches_the_equation(masked, mask, Tq, Tk)
 
 
 @pytest.mark.parametrize("block", [4, 64])
@@ -55,15 +68,7 @@ def test_a_window_skips_only_keys_it_hides(monkeypatch, block, window, Tq, Tk):
     still equal the equation's under the same sliding-window mask, and no gradient reaches an older key."""
     monkeypatch.setattr(materialized, "QUERY_BLOCK", block)
     mask = build_aligned_causal_mask(Tq, Tk, window=window)
-    q, k, v = tensors(Tq=Tq, Tk=Tk)
-    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = causal_materialized_attention(q, k, v, window=window)
-    ref = scaled_dot_product_attention(qr, kr, vr, mask)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
-    out.backward(grad)
-    ref.backward(grad)
-    for got, want in ((out, ref), (q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    k, v = assert_matches_the_equation(partial(causal_materialized_attention, window=window), mask, Tq, Tk)
     oldest = max(0, Tk - Tq - window + 1)  # the first query's window starts here: older keys are read by no query
     assert k.grad[:, :, :oldest].eq(0).all() and v.grad[:, :, :oldest].eq(0).all()
 
