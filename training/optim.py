@@ -20,6 +20,7 @@ SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
 MAX_LR = 1000.0  # every peak lr: see OptimConfig.validate
+GROUP_LRS = ("embedding_lr", "head_lr", "gain_lr")  # a group's own peak lr, or null for optim.lr
 
 
 @dataclass
@@ -65,8 +66,8 @@ class OptimConfig:
         # Adam and Muon move each weight by about lr a step, so an lr above 1 only diverges, and 1e300 overflowed
         # the update's float32 scalars: a crash after the run's first records. MAX_LR is generous and stays far
         # below that overflow, also after Adam's bias correction (lr / (1 - beta1) < 1e19 for any float beta1 < 1).
-        for name in ("lr", "muon_lr", "embedding_lr", "head_lr", "gain_lr"):
-            if getattr(self, name) is None and name in ("embedding_lr", "head_lr", "gain_lr"):
+        for name in ("lr", "muon_lr", *GROUP_LRS):
+            if getattr(self, name) is None and name in GROUP_LRS:
                 continue  # null: optim.lr
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number > 0")
