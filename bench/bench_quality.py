@@ -62,10 +62,8 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (~25 s for the default on a Zen 4, against ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
-# Round 12 trains on 3 sequences of 512 tokens a step (12 of 128 before).
-ROUND_12_UNDONE = ["model.block_size=128", "batch_size=12"]
 # Round 11 evaluates and saves every 250 steps; its uncompiled evaluation is code, which no override undoes.
-ROUND_11_UNDONE = [*ROUND_12_UNDONE, "eval_interval=100"]
+ROUND_11_UNDONE = ["eval_interval=100"]
 ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
@@ -73,8 +71,6 @@ RECIPES = {
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
-    # The default before round 12 (docs/recipe/round12.md): 12 sequences of 128 tokens a step.
-    "round11": [*ROUND_12_UNDONE],
     # The default before round 11 (docs/recipe/round11.md): an evaluation and a save every 100 steps.
     "round10": [*ROUND_11_UNDONE],
     # The default before round 10 (docs/recipe/round10.md): no residual mix, no sliding windows.
@@ -106,15 +102,14 @@ RECIPES = {
         "optim.cooldown_frac=0.3",
     ],
     "cosine": ["optim.schedule=cosine"],
-    "batch_6": ["model.block_size=128", "batch_size=6"],  # half round 11's 12 x 128 tokens a step
+    "batch_6": ["batch_size=6"],
     "relu2": ["model.activation=relu2"],
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],  # now the default; the docs' commands name it
     "learned_positions": ["model=small_learned"],  # GPT-2's positional layout, which exports
     "tied": ["model.tie_embeddings=true", "optim.embedding_lr=null"],
     "fp32": ["precision=fp32"],  # what bf16 autocast buys where the CPU has it natively (AMX, AVX512-BF16)
-    # The batch layout as round 6 measured it, on 128-token rows: more of them a step, or shorter rows at the same
-    # tokens a step.
-    "batch_32": ["model.block_size=128", "batch_size=32"],
+    # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.
+    "batch_32": ["batch_size=32"],
     "context_64": ["model.block_size=64", "batch_size=24"],
     # The tokenizer: one token a character (the recipes above were chosen on it), or another BPE size.
     "char": ["data=shakespeare"],
@@ -129,7 +124,7 @@ RECIPES = {
     "no_gate": ["model.attn_gate=null"],
     "attn_softcap": ["model.attn_softcap=10"],
     "sinks": ["model.attn_sinks=true"],
-    "window_SSSL": ["model.window_pattern=SSSL", "model.window_size=32"],  # half the default's windows of 64
+    "window_SSSL": ["model.window_pattern=SSSL", "model.window_size=32"],  # a quarter of the 128-token context
     "value_embeds": ["model.value_embeds=true"],
     "diff_attn": ["model.attn_diff=true"],
     "mla_64": ["model.mla_latent=64"],  # the cache keeps a latent of 64 and a rope key of 16 for K and V of 2 x 128

@@ -7,9 +7,10 @@ matmuls run at it, and the probabilities cost little memory at these lengths.
 
 Queries go in blocks of QUERY_BLOCK; a block only multiplies the keys up to its last query's
 position, so the work above the causal diagonal is mostly skipped (about 5/8 of the full product
-is done at T = 512), and under a sliding window only the keys from its first query's window on: a windowed
-layer's work grows with T, not T^2. Autograd through the explicit path would store the scores, the masked and the scaled
-scores and pass over each again; by hand, the backward needs only the saved probabilities P.
+is done at T = 512; up to T = 128 one block does all of it), and under a sliding window only the keys
+from its first query's window on: a windowed layer's work grows with T, not T^2. Autograd through the
+explicit path would store the scores, the masked and the scaled scores and pass over each again; by hand,
+the backward needs only the saved probabilities P.
 With O = P V and P = softmax(S):
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
     dQ = dS K / sqrt(d_k),   dK = dS^T Q / sqrt(d_k).
@@ -26,8 +27,8 @@ from torch import Tensor
 from model.causal_mask import build_aligned_causal_mask
 
 # Smaller blocks skip more of the upper triangle but run the matmuls less efficiently, and each block is more
-# code to compile: at the default's 512 tokens, blocks of 128 step as fast as blocks of 64 and compile in ~8-17 s
-# less, a twentieth of the training budget (docs/recipe/round12.md).
+# code to compile: at 128 and at 512 tokens, blocks of 128 step as fast as blocks of 64 and the default compiles
+# in ~4 s less from an empty cache (docs/recipe/round12.md).
 QUERY_BLOCK = 128
 
 

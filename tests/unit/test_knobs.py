@@ -208,7 +208,7 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
 def test_the_default_run_is_the_measured_recipe():
     cfg = compose_config([])
     m, o = cfg.model, cfg.optim
-    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 512, 3)  # round 12
+    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 128, 12)
     assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
         "muon",
         3e-3,
@@ -254,36 +254,25 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
 
 
-def test_round_11s_default_is_todays_on_12_rows_of_128_tokens():
+def test_round_10s_default_is_todays_evaluating_every_100_steps():
     from bench.bench_quality import RECIPES
 
-    round11, default = compose_config(RECIPES["round11"]), compose_config([])
-    assert (round11.model.block_size, round11.batch_size) == (128, 12)
-    assert (default.model.block_size, default.batch_size) == (512, 3)  # round 12 (docs/recipe/round12.md)
-    tokens = round11.model.block_size * round11.batch_size
-    assert tokens == default.model.block_size * default.batch_size == 1536  # the same tokens a step
-    assert {**round11, "batch_size": 3, "model": {**round11.model, "block_size": 512}} == {**default}
+    round10, default = compose_config(RECIPES["round10"]), compose_config([])
+    assert (round10.eval_interval, default.eval_interval) == (100, 250)
+    assert {**round10, "eval_interval": 250} == {**default}
 
 
-def test_round_10s_default_is_round_11s_evaluating_every_100_steps():
+def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
     from bench.bench_quality import RECIPES
 
-    round10, round11 = compose_config(RECIPES["round10"]), compose_config(RECIPES["round11"])
-    assert (round10.eval_interval, round11.eval_interval) == (100, 250)
-    assert {**round10, "eval_interval": 250} == {**round11}
-
-
-def test_round_9s_default_is_round_11s_without_the_residual_mix_and_windows():
-    from bench.bench_quality import RECIPES
-
-    round9, round11 = compose_config(RECIPES["round9"]), compose_config(RECIPES["round11"])
+    round9, default = compose_config(RECIPES["round9"]), compose_config([])
     assert (round9.model.x0_mix, round9.model.window_pattern) == (False, None)
-    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL"} == {**round11.model}
+    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL"} == {**default.model}
     assert (round9.optim, round9.data, round9.batch_size, round9.compile) == (
-        round11.optim,
-        round11.data,
-        round11.batch_size,
-        round11.compile,
+        default.optim,
+        default.data,
+        default.batch_size,
+        default.compile,
     )
 
 
