@@ -60,7 +60,7 @@ from training.trainer import Trainer
 
 STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
-# recipe is measured as a first run pays for it (~25 s for the default on a Zen 4, against ~7 s from the cache).
+# recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 # Round 11 evaluates and saves every 250 steps; its uncompiled evaluation is code, which no override undoes.
 ROUND_11_UNDONE = ["eval_interval=100"]
