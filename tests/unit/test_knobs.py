@@ -9,7 +9,7 @@ import torch
 from cli.config import to_train_config
 from interop.hf_model import check_gpt2_compatible
 from model import GPT, GPTConfig
-from model.block import MLP
+from model.block import MLP, gelu_tanh
 from tests.helpers import compose_config, hand_count
 
 V, T, L, H, D = 64, 16, 2, 2, 32
@@ -36,6 +36,20 @@ def test_activation_is_the_named_function(activation, expected):
     mlp = MLP(tiny(activation=activation))
     x = torch.randn(2, 3, D)
     torch.testing.assert_close(mlp(x), mlp.down_proj(expected(mlp.up_proj(x))))
+
+
+def test_gelu_tanh_is_the_same_function_in_its_compiled_form(monkeypatch):
+    """Compiled, gelu_tanh is written x sigmoid(2u) (model/block.py): in float64 its values and gradients are
+    PyTorch's tanh-form op's to the last bits, over the range an activation takes."""
+    x = (torch.linspace(-12, 12, 4001, dtype=torch.float64)).requires_grad_()
+    eager = gelu_tanh(x)
+    (eager_grad,) = torch.autograd.grad(eager.sum(), x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    written = gelu_tanh(x)
+    (written_grad,) = torch.autograd.grad(written.sum(), x)
+    assert not torch.equal(written, eager)  # the other expression ran (it rounds differently)
+    torch.testing.assert_close(written, eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(written_grad, eager_grad, rtol=1e-12, atol=1e-12)
 
 
 def test_swiglu_gates_the_up_projection_and_matches_gelu_parameters():
