@@ -40,8 +40,8 @@ def test_activation_is_the_named_function(activation, expected):
 
 def test_gelu_tanh_is_the_same_function_in_its_compiled_form(monkeypatch):
     """Compiled, gelu_tanh is written x sigmoid(2u) (model/block.py): in float64 its values and gradients are
-    PyTorch's tanh-form op's to the last bits, over the range an activation takes."""
-    x = (torch.linspace(-12, 12, 4001, dtype=torch.float64)).requires_grad_()
+    PyTorch's tanh-form op's to 1e-12, over the range an activation takes."""
+    x = torch.linspace(-12, 12, 4001, dtype=torch.float64).requires_grad_()
     eager = gelu_tanh(x)
     (eager_grad,) = torch.autograd.grad(eager.sum(), x)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
