@@ -22,7 +22,10 @@ ATTN_GATES = ("headwise", "elementwise")  # model/attention.py: CausalSelfAttent
 @dataclass
 class GPTConfig:
     vocab_size: int | None = None  # None: taken from the tokenizer of the data
-    block_size: int = 256  # training context; the longest sequence learned positions cover
+    block_size: int = 256  # context: the longest sequence the model takes, the full-val score's window
+    # Tokens in a training sequence, at most block_size; null: block_size. Shorter only where every layer is windowed to
+    # at most this many keys, so no layer meets a distance it never trained on ("train short, score long": round 14).
+    train_block_size: int | None = None
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 256
@@ -62,6 +65,7 @@ class GPTConfig:
     # window_size keys (S) and layer 3 the full context (L), the pattern repeated over the layers. None: all full.
     window_pattern: str | None = None
     window_size: int = 128  # keys an S layer's query sees, its own included
+    long_window_size: int | None = None  # keys an L layer's query sees, its own included; null: the whole context
     # Value embeddings (modded-nanogpt, nanochat): each layer's values get a second token embedding of their own,
     # v + 2 sigmoid(x W_ve_gate) * ve[token], gated per key/value head from the block's normed input.
     value_embeds: bool = False
@@ -104,11 +108,41 @@ class GPTConfig:
         """Width of MLA's decoupled rope key and of each head's rope query part: rotary_dim under RoPE, else 0."""
         return self.rotary_dim if self.mla_latent is not None and self.pos_encoding == "rope" else 0
 
+    @property
+    def train_length(self) -> int:
+        """Tokens in one training sequence: train_block_size, at most block_size (null: block_size)."""
+        return min(self.train_block_size or self.block_size, self.block_size)
+
     def layer_window(self, layer: int) -> int | None:
-        """Keys a query of layer `layer` sees: window_size where window_pattern has an S, else None (all)."""
-        if self.window_pattern is None or self.window_pattern[layer % len(self.window_pattern)] == "L":
+        """Keys a query of layer `layer` sees: window_size where window_pattern has an S, long_window_size
+        where it has an L (None: all), and None everywhere without a pattern."""
+        if self.window_pattern is None:
             return None
-        return self.window_size
+        short = self.window_pattern[layer % len(self.window_pattern)] == "S"
+        return self.window_size if short else self.long_window_size
+
+    def check_train_block_size(self) -> None:
+        """A model trained on sequences shorter than its block_size must never look further back than it trained."""
+        if self.train_block_size is not None and self.train_block_size < 1:
+            raise ValueError(
+                f"model.train_block_size={self.train_block_size} is invalid; it must be >= 1 or null (block_size)"
+            )
+        short = self.train_length
+        if short < self.block_size and self.pos_encoding != "rope":
+            raise ValueError(
+                f"model.train_block_size={short} is shorter than model.block_size={self.block_size}, but "
+                f"model.pos_encoding={self.pos_encoding} gives positions past {short} that training never showed; "
+                "use model.pos_encoding=rope (relative) or model.train_block_size=null"
+            )
+        wide = [layer for layer in range(self.n_layer) if (self.layer_window(layer) or self.block_size) > short]
+        if short < self.block_size and wide:
+            seen = self.layer_window(wide[0]) or f"all {self.block_size}"
+            raise ValueError(
+                f"model.train_block_size={short} is shorter than model.block_size={self.block_size}, but layer "
+                f"{wide[0]} sees {seen} keys: it would meet distances it never trained on; set "
+                f"model.train_block_size=null, or window every layer to at most {short} keys "
+                "(model.window_pattern, window_size, long_window_size)"
+            )
 
     def validate(self) -> None:
         """Checks only: raises ValueError naming the first bad value and the rule it breaks."""
@@ -205,10 +239,15 @@ class GPTConfig:
         if self.window_pattern is not None and not (self.window_pattern and set(self.window_pattern) <= {"S", "L"}):
             raise ValueError(
                 f"model.window_pattern={self.window_pattern!r} is invalid; it must be letters S (window) and "
-                "L (full context), e.g. SSSL (or null for off)"
+                "L (long_window_size keys, or the whole context), e.g. SSSL (or null for off)"
             )
         if self.window_size < 1:
             raise ValueError(f"model.window_size={self.window_size} is invalid; it must be >= 1")
+        if self.long_window_size is not None and self.long_window_size < 1:
+            raise ValueError(
+                f"model.long_window_size={self.long_window_size} is invalid; it must be >= 1 or null (all the context)"
+            )
+        self.check_train_block_size()
         # PyTorch's fused kernel computes softmax(QK^T / sqrt(d_k) + mask) V and nothing else.
         for name in ("attn_softcap", "attn_sinks"):
             if getattr(self, name) not in (None, False) and self.attn_backend == "sdpa":

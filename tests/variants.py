@@ -25,6 +25,7 @@ VARIANTS: dict[str, dict] = {
     "softcap": {"attn_softcap": 2.0},  # low, so that the cap binds at the tests' scores
     "sinks": {"attn_sinks": True},
     "window": {"window_pattern": "SL", "window_size": 4},  # layer 0 sees 4 keys, layer 1 all of them
+    "window_long": {"window_pattern": "SL", "window_size": 4, "long_window_size": 6},  # and layer 1 sees 6: every layer
     "value_embeds": {"value_embeds": True, "n_kv_head": 2},
     "diff": {"attn_diff": True},
     "diff_rope_gqa_qk_norm": {"attn_diff": True, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},

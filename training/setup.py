@@ -106,8 +106,12 @@ def start_records(trainer: Trainer) -> None:
     cfg, model = trainer.cfg, trainer.model
     shape = {"n_head": cfg.model.n_head, "d_k": cfg.model.head_dim, "d_model": cfg.model.d_model}
     shape |= {"n_layer": cfg.model.n_layer, "block_size": cfg.model.block_size, "params": model.num_params()}
+    shape |= {"train_block_size": cfg.model.train_length}
     shape |= {"params_non_embedding": model.num_params(exclude_embeddings=True)}
-    shape |= {"flops_per_token": model.flops_per_token(), "tokens_per_step": trainer.tokens_per_step}
+    shape |= {
+        "flops_per_token": model.flops_per_token(cfg.model.train_length),
+        "tokens_per_step": trainer.tokens_per_step,
+    }
 
     def start() -> None:
         peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
@@ -136,12 +140,14 @@ def run_header(trainer: Trainer) -> str:
     cfg, m = trainer.cfg, trainer.model.config
     ends = [f"{cfg.max_steps} steps" if cfg.max_steps else "", f"{cfg.budget_s:g} s budget" if cfg.budget_s else ""]
     start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
+    context = f" (context {m.block_size})" if m.train_length < m.block_size else ""  # train short, score long
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
         f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
         f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision}{' compiled' if trainer.compiled else ''} | "
         f"{' or '.join(e for e in ends if e)}, "
-        f"{trainer.tokens_per_step:,} tokens/step{start}\nrun directory {cfg.out_dir} (full config: config.yaml)"
+        f"{trainer.tokens_per_step:,} tokens/step in sequences of {m.train_length}{context}{start}\n"
+        f"run directory {cfg.out_dir} (full config: config.yaml)"
     )
 
 
@@ -153,14 +159,14 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
     vocab = data.vocab_size
     if model.vocab_size is not None and model.vocab_size < vocab:
         raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab})")
-    need = batch_size * model.block_size + 1
+    need = batch_size * model.train_length + 1
     for split in ("train", "val"):
         tokens = getattr(data, split)
         if len(tokens) < need:
             raise ValueError(
                 f"the {split} split has {len(tokens)} tokens, fewer than one batch needs "
-                f"(batch_size={batch_size} x model.block_size={model.block_size} + 1 = {need}); "
-                "use more data or a smaller batch_size / model.block_size"
+                f"(batch_size={batch_size} x {model.train_length} tokens a sequence + 1 = {need}); "
+                "use more data or a smaller batch_size / model.train_block_size"
             )
         top = max_token(tokens)
         if top >= vocab:

@@ -70,7 +70,7 @@ class Trainer:
         self.state = RunState()
         self.run: Run | None = None  # set by train(); a bare Trainer saves nothing
         self.sample_prompt_ids: list[int] = []  # the end-of-run sample's, checked in set-up
-        self.val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.block_size, cfg.eval_batches, cfg.seed)
+        self.val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.train_length, cfg.eval_batches, cfg.seed)
         self.metrics: dict[str, float] = {}  # the last evaluation's
 
     def new_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -79,7 +79,7 @@ class Trainer:
     @property
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step, all ranks together."""
-        return self.layout.micro_batch * self.layout.accum_steps * self.dist.world_size * self.cfg.model.block_size
+        return self.layout.micro_batch * self.layout.accum_steps * self.dist.world_size * self.cfg.model.train_length
 
     def probe(self) -> "Trainer":
         """A throw-away copy for calibration and the compile trial: the same config, data and weights,
@@ -103,7 +103,7 @@ class Trainer:
         for micro in range(accum):
             micro_step, rows = self.layout.locate(micro, self.dist)  # rows of a one-process micro-batch
             x, y = sample_batch(
-                self.data.train, cfg.batch_size, cfg.model.block_size, seed=cfg.seed, step=step, micro_step=micro_step
+                self.data.train, cfg.batch_size, cfg.model.train_length, seed=cfg.seed, step=step, micro_step=micro_step
             )
             x, y = x[rows], y[rows]
             if self.device.type == "cuda":  # pinned host memory lets the copy overlap with compute

@@ -60,7 +60,23 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("optim.lr=0", r"optim.lr=0.0 is invalid; it must be a finite number > 0"),
         ("data.tokenizer=wordpiece", r"data.tokenizer='wordpiece' is unknown; choose one of: char, bpe, gpt2"),
         ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
-        ("model.block_size=100000", r"the train split has \d+ tokens, fewer than one batch needs"),
+        (
+            "model.block_size=100000 model.train_block_size=null",
+            r"the train split has \d+ tokens, fewer than one batch",
+        ),
+        ("model.train_block_size=0", r"model.train_block_size=0 is invalid; it must be >= 1 or null"),
+        ("model.long_window_size=0", r"model.long_window_size=0 is invalid; it must be >= 1 or null"),
+        # trained on 32 of 64 tokens: no layer may look further back, or meet a position, than training showed
+        (
+            "model.block_size=64 model.train_block_size=32",
+            r"train_block_size=32 is shorter than model.block_size=64, "
+            r"but layer 0 sees 64 keys: it would meet distances it never trained on",
+        ),
+        (
+            "model.block_size=64 model.train_block_size=32 model.pos_encoding=learned",
+            r"pos_encoding=learned gives "
+            r"positions past 32 that training never showed",
+        ),
         ("batch_size=0", r"batch_size=0 is invalid"),
         ("precision=fp8", r"precision='fp8' is unknown"),
         # a CPU has no fp16 kernels: the matmul peak probe alone took 11 minutes, then a step ~20 s

@@ -232,6 +232,9 @@ def test_window_pattern_repeats_over_the_layers():
     assert GPTConfig(n_layer=2).layer_window(1) is None  # off: every layer sees the whole context
     model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=6, n_head=2, d_model=16, window_pattern="SSSL", window_size=32))
     assert [block.attn.window for block in model.blocks] == [32, 32, 32, None, 32, 32]
+    capped = GPTConfig(n_layer=4, window_pattern="SSSL", window_size=32, long_window_size=48)
+    assert [capped.layer_window(i) for i in range(4)] == [32, 32, 32, 48]  # an L layer sees long_window_size keys
+    assert GPTConfig(n_layer=2, long_window_size=48).layer_window(1) is None  # no pattern, no window at all
 
 
 def test_a_sliding_window_hides_keys_before_it_and_nothing_else():
