@@ -28,6 +28,7 @@ run in parallel under any load (--jobs).
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -62,13 +63,17 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+# Round 14 scores the same training in windows of 1,024 tokens instead of 128 (its layer 3 windowed to 128 keys).
+ROUND_14_UNDONE = ["model.block_size=128", "model.train_block_size=null", "model.long_window_size=null"]
 # Round 11 evaluates and saves every 250 steps; its uncompiled evaluation is code, which no override undoes.
-ROUND_11_UNDONE = ["eval_interval=100"]
+ROUND_11_UNDONE = [*ROUND_14_UNDONE, "eval_interval=100"]
 ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The default before round 14 (docs/recipe/round14.md): a context of 128, scored in windows of 128.
+    "round13": [*ROUND_14_UNDONE],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
     # The default before round 11 (docs/recipe/round11.md): an evaluation and a save every 100 steps.
@@ -262,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep each run in DIR/RECIPE_SEED (default: a temporary directory)"
+    )
+    parser.add_argument(
         "--jobs", type=at_least(1), default=1, help="runs at once, sharing the cores (2 cores: 1 thread each)"
     )
     parser.add_argument(
@@ -381,7 +389,13 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+    if args.keep:
+        taken = [f"{n}_{s}" for s in args.seeds for n in args.recipes if (args.keep / f"{n}_{s}").exists()]
+        if taken:
+            sys.exit(f"--keep {args.keep} already holds {', '.join(taken)}; name an empty directory")
+        args.keep.mkdir(parents=True, exist_ok=True)
+    runs = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory()
+    with runs as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(name, seed) for seed in args.seeds for name in args.recipes]
         futures = [
             pool.submit(run_recipe, n, RECIPES[n] + args.overrides, length[n], s, Path(tmp) / f"{n}_{s}", threads)

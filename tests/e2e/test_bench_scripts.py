@@ -103,8 +103,15 @@ def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_ru
     assert all(r["compile_s"] == 0 for r in written["recipes"].values())  # the smoke config does not compile
     assert steps.keys() == {"default", "wide"} and all(n > 0 for n in steps.values())
 
-    trained = bench("--recipes", "default", "wide", "--steps-from", str(timing))
+    kept = tmp_path / "runs"
+    trained = bench("--recipes", "default", "wide", "--steps-from", str(timing), "--keep", str(kept))
     assert trained.returncode == 0, trained.stderr[-3000:]
+    assert all((kept / f"{name}_1337" / "checkpoints" / "best.safetensors").is_file() for name in steps)
+    again = bench("--recipes", "wide", "--steps-from", str(timing), "--keep", str(kept))  # never into a kept run
+    assert (
+        again.returncode == 1
+        and again.stderr.strip() == f"--keep {kept} already holds wide_1337; name an empty directory"
+    )
     ran = {
         line.split()[0]: int(line.split(", ")[1].split()[0]) for line in trained.stdout.splitlines() if " seed " in line
     }
