@@ -74,8 +74,8 @@ def test_the_iso_flop_budget_buys_the_default_model_the_steps_of_the_other_sweep
     cfg, default = to_train_config(compose_config(recipe)), to_train_config(compose_config(["out_dir=x"]))
     assert cfg.model == dataclasses.replace(default.model, qk_norm=cfg.model.qk_norm)  # the default model
     model = GPT(dataclasses.replace(cfg.model, vocab_size=cfg.data.bpe_vocab_size))
-    tokens_per_step = cfg.batch_size * cfg.model.block_size
-    steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), tokens_per_step)
+    length = cfg.model.train_length  # the default trains on 128 tokens of its 1,024
+    steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(length), cfg.batch_size * length)
     fixed = compose_config(["+experiment=ablate_heads_dk", "out_dir=x"]).max_steps
     assert 0.9 * fixed <= steps <= 1.1 * fixed, steps
 

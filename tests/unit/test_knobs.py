@@ -222,7 +222,7 @@ def test_nanogpt_baby_is_nanogpts_cpu_recipe():
 def test_the_default_run_is_the_measured_recipe():
     cfg = compose_config([])
     m, o = cfg.model, cfg.optim
-    assert (m.n_layer, m.n_head, m.d_model, m.block_size, cfg.batch_size) == (4, 4, 128, 128, 12)
+    assert (m.n_layer, m.n_head, m.d_model, m.train_block_size, cfg.batch_size) == (4, 4, 128, 128, 12)
     assert (o.optimizer, o.lr, o.muon_lr, o.schedule, o.cooldown, o.cooldown_frac) == (
         "muon",
         3e-3,
@@ -239,6 +239,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
     assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
     assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # round 10 (docs/recipe/round10.md)
+    assert (m.long_window_size, m.block_size) == (128, 1024)  # round 14: trains on 128 tokens, scored in 1,024
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -273,7 +274,46 @@ def test_round_10s_default_is_todays_evaluating_every_100_steps():
 
     round10, default = compose_config(RECIPES["round10"]), compose_config([])
     assert (round10.eval_interval, default.eval_interval) == (100, 250)
-    assert {**round10, "eval_interval": 250} == {**default}
+    assert {**round10, "eval_interval": 250, "model": compose_config([]).model} == {**default}
+    assert round10.model == compose_config(RECIPES["round13"]).model  # and scored in windows of 128
+
+
+def test_round_13s_default_is_todays_with_a_context_of_128():
+    from bench.bench_quality import RECIPES
+
+    round13, default = compose_config(RECIPES["round13"]), compose_config([])
+    assert (round13.model.block_size, round13.model.train_block_size, round13.model.long_window_size) == (
+        128,
+        None,
+        None,
+    )
+    assert {**round13.model, "block_size": 1024, "train_block_size": 128, "long_window_size": 128} == {**default.model}
+    assert {**round13, "model": default.model} == {**default}
+
+
+def test_round_14_trains_exactly_as_round_13_did():
+    # Round 14 changes where the model is scored (windows of 1,024), not what it learns: on its 128-token training
+    # sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with the same angles.
+    from bench.bench_quality import RECIPES
+
+    new, old = compose_config([]).model, compose_config(RECIPES["round13"]).model
+    models = []
+    for m in (new, old):
+        torch.manual_seed(0)
+        models.append(GPT(GPTConfig(**{**m, "vocab_size": V})))
+    idx = torch.randint(0, V, (2, new.train_block_size + 1), generator=torch.Generator().manual_seed(1))
+    losses = [model(idx[:, :-1], idx[:, 1:])[1] for model in models]
+    for loss in losses:
+        loss.backward()
+    assert losses[0].item() == losses[1].item()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    # past 128 tokens they part: layer 3 of the new one still sees 128 keys, the old one's every earlier key
+    long = torch.randint(0, V, (1, 300), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        new_logits, old_logits = (model(long)[0] for model in models)
+    torch.testing.assert_close(new_logits[:, :128], old_logits[:, :128], rtol=0, atol=1e-6)
+    assert (new_logits[:, 200:] - old_logits[:, 200:]).abs().amax(-1).min() > 1e-4
 
 
 def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
@@ -281,7 +321,8 @@ def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
 
     round9, default = compose_config(RECIPES["round9"]), compose_config([])
     assert (round9.model.x0_mix, round9.model.window_pattern) == (False, None)
-    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL"} == {**default.model}
+    round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128}
+    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL", **round14} == {**default.model}
     assert (round9.optim, round9.data, round9.batch_size, round9.compile) == (
         default.optim,
         default.data,
