@@ -155,6 +155,17 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
     return row | {"wall_s": wall} | json.loads(score.stdout.strip().splitlines()[-1])
 
 
+def runs_dir(keep: Path | None, recipes: list[str], seeds: list[int]) -> contextlib.AbstractContextManager[str]:
+    """Where the runs go: `keep` (--keep), which must not hold a run of the same name, or a temporary directory."""
+    if keep is None:
+        return tempfile.TemporaryDirectory()
+    taken = [f"{n}_{s}" for s in seeds for n in recipes if (keep / f"{n}_{s}").exists()]
+    if taken:
+        sys.exit(f"--keep {keep} already holds {', '.join(taken)}; name an empty directory")
+    keep.mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(str(keep))
+
+
 def score(run: Path) -> dict:
     """The loss of a checkpoint (a run directory: its best) on every token of its data's val split."""
     path = find_checkpoint(run)
@@ -389,13 +400,7 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []
-    if args.keep:
-        taken = [f"{n}_{s}" for s in args.seeds for n in args.recipes if (args.keep / f"{n}_{s}").exists()]
-        if taken:
-            sys.exit(f"--keep {args.keep} already holds {', '.join(taken)}; name an empty directory")
-        args.keep.mkdir(parents=True, exist_ok=True)
-    runs = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory()
-    with runs as tmp, ThreadPoolExecutor(args.jobs) as pool:
+    with runs_dir(args.keep, args.recipes, args.seeds) as tmp, ThreadPoolExecutor(args.jobs) as pool:
         jobs = [(name, seed) for seed in args.seeds for name in args.recipes]
         futures = [
             pool.submit(run_recipe, n, RECIPES[n] + args.overrides, length[n], s, Path(tmp) / f"{n}_{s}", threads)
