@@ -116,8 +116,9 @@ def row_config(job: dict) -> tuple[TrainConfig, PreparedData]:
     cfg.precision = job["precision"]
     cfg.compile = job["compile"]
     cfg.batch_size = job.get("batch_size", cfg.batch_size)
-    if "block_size" in job:
+    if "block_size" in job:  # the memory table trains that many tokens a sequence, every key in view
         cfg.model.block_size = job["block_size"]
+        cfg.model.train_block_size = cfg.model.long_window_size = None
     return cfg, data
 
 
@@ -135,7 +136,7 @@ def prepare_row(job: dict) -> tuple[Callable[[int], None], Callable[[int], objec
         trainer.train_model = torch.compile(trainer.model)
 
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = sample_batch(data.train, cfg.batch_size, cfg.model.block_size, seed=0, step=i)
+        x, y = sample_batch(data.train, cfg.batch_size, cfg.model.train_length, seed=0, step=i)
         return x.to(device), y.to(device)
 
     def step(i: int) -> None:

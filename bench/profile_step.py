@@ -72,7 +72,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; overrides {' '.join(args.overrides) or 'none'}"
     )
     print(
-        f"{cfg.batch_size} x {cfg.model.block_size} tokens a step; median step {median_ms:.1f} ms "
+        f"{cfg.batch_size} x {cfg.model.train_length} tokens a step; median step {median_ms:.1f} ms "
         f"(unprofiled); matrix products {100 * matmul / total:.0f}% of the profiled op time"
     )
     print(f"\n{'op':<52} {'ms/step':>8} {'share':>6} {'calls/step':>10}")
