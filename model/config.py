@@ -62,7 +62,8 @@ class GPTConfig:
     # behind it, so a head can attend to nothing; starts at 0.
     attn_sinks: bool = False
     # Sliding-window attention per layer (Gemma 2, gpt-oss, nanochat): "SSSL" gives layers 0-2 a window of
-    # window_size keys (S) and layer 3 the full context (L), the pattern repeated over the layers. None: all full.
+    # window_size keys (S) and layer 3 long_window_size keys or, null, the full context (L), the pattern repeated
+    # over the layers. None: all full.
     window_pattern: str | None = None
     window_size: int = 128  # keys an S layer's query sees, its own included
     long_window_size: int | None = None  # keys an L layer's query sees, its own included; null: the whole context

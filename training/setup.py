@@ -166,7 +166,7 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
             raise ValueError(
                 f"the {split} split has {len(tokens)} tokens, fewer than one batch needs "
                 f"(batch_size={batch_size} x {model.train_length} tokens a sequence + 1 = {need}); "
-                "use more data or a smaller batch_size / model.train_block_size"
+                "use more data or a smaller batch_size / model.block_size (model.train_block_size)"
             )
         top = max_token(tokens)
         if top >= vocab:
