@@ -202,7 +202,7 @@ class GPT(nn.Module):
         lookups are not matmuls. tests/unit/test_flops.py holds this to torch's FLOP counter for
         every variant.
         """
-        T = seq_len or self.config.block_size
+        T = seq_len or self.config.train_length  # a token is trained in a sequence of train_length
         linears = sum(2 * m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attention = sum(m.score_flops(T) for m in self.modules() if isinstance(m, CausalSelfAttention))
         return 3 * (linears + attention)

@@ -144,9 +144,7 @@ def whole_steps(name: str, budget: float, steps: float, one_step: str) -> int:
 def max_steps_for(cfg: FairnessConfig, probe: Trainer) -> int:
     """max_steps under iso_flop (from the FLOP budget) or iso_time (from a probe's measured step time)."""
     if cfg.mode == "iso_flop":
-        return steps_for_flops(
-            cfg.flop_budget, probe.model.flops_per_token(probe.cfg.model.train_length), probe.tokens_per_step
-        )
+        return steps_for_flops(cfg.flop_budget, probe.model.flops_per_token(), probe.tokens_per_step)
     seconds = measure_seconds_per_step(probe, cfg.calibration_steps)
     steps = steps_for_time(cfg.time_budget_s, seconds)
     log.info("iso_time: %.3f s/step -> max_steps %d", seconds, steps)

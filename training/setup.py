@@ -108,10 +108,7 @@ def start_records(trainer: Trainer) -> None:
     shape |= {"n_layer": cfg.model.n_layer, "block_size": cfg.model.block_size, "params": model.num_params()}
     shape |= {"train_block_size": cfg.model.train_length}
     shape |= {"params_non_embedding": model.num_params(exclude_embeddings=True)}
-    shape |= {
-        "flops_per_token": model.flops_per_token(cfg.model.train_length),
-        "tokens_per_step": trainer.tokens_per_step,
-    }
+    shape |= {"flops_per_token": model.flops_per_token(), "tokens_per_step": trainer.tokens_per_step}
 
     def start() -> None:
         peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size

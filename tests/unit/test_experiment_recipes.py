@@ -75,7 +75,7 @@ def test_the_iso_flop_budget_buys_the_default_model_the_steps_of_the_other_sweep
     assert cfg.model == dataclasses.replace(default.model, qk_norm=cfg.model.qk_norm)  # the default model
     model = GPT(dataclasses.replace(cfg.model, vocab_size=cfg.data.bpe_vocab_size))
     length = cfg.model.train_length  # the default trains on 128 tokens of its 1,024
-    steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(length), cfg.batch_size * length)
+    steps = steps_for_flops(cfg.fairness.flop_budget, model.flops_per_token(), cfg.batch_size * length)
     fixed = compose_config(["+experiment=ablate_heads_dk", "out_dir=x"]).max_steps
     assert 0.9 * fixed <= steps <= 1.1 * fixed, steps
 
