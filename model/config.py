@@ -129,14 +129,16 @@ class GPTConfig:
                 f"model.train_block_size={self.train_block_size} is invalid; it must be >= 1 or null (block_size)"
             )
         short = self.train_length
-        if short < self.block_size and self.pos_encoding != "rope":
+        if short == self.block_size:
+            return
+        if self.pos_encoding != "rope":
             raise ValueError(
                 f"model.train_block_size={short} is shorter than model.block_size={self.block_size}, but "
                 f"model.pos_encoding={self.pos_encoding} gives positions past {short} that training never showed; "
                 "use model.pos_encoding=rope (relative) or model.train_block_size=null"
             )
         wide = [layer for layer in range(self.n_layer) if (self.layer_window(layer) or self.block_size) > short]
-        if short < self.block_size and wide:
+        if wide:
             seen = self.layer_window(wide[0]) or f"all {self.block_size}"
             raise ValueError(
                 f"model.train_block_size={short} is shorter than model.block_size={self.block_size}, but layer "
