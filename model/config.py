@@ -70,6 +70,9 @@ class GPTConfig:
     # Value embeddings (modded-nanogpt, nanochat): each layer's values get a second token embedding of their own,
     # v + 2 sigmoid(x W_ve_gate) * ve[token], gated per key/value head from the block's normed input.
     value_embeds: bool = False
+    # Hashed bigram embeddings (model/bigram.py): rows of a second token table indexed by a hash of the pair (previous
+    # token, this token), added to the token's embedding; 0: off.
+    bigram_embeds: int = 0
     # Differential attention (Ye et al. 2024): each head's weights are softmax(Q1 K1^T / sqrt(d)) - lambda
     # softmax(Q2 K2^T / sqrt(d)), Q1, Q2 (and K1, K2) the two halves of its d_k query (key) channels, d = d_k / 2;
     # lambda is learned per layer (model/differential.py). V stays d_k wide.
@@ -246,6 +249,11 @@ class GPTConfig:
             )
         if self.window_size < 1:
             raise ValueError(f"model.window_size={self.window_size} is invalid; it must be >= 1")
+        if self.bigram_embeds == 1 or self.bigram_embeds < 0:
+            raise ValueError(
+                f"model.bigram_embeds={self.bigram_embeds} is invalid; it must be 0 (off) or >= 2 (row 0 is a "
+                "sequence's first token, the others the hashed pairs)"
+            )
         if self.long_window_size is not None and self.long_window_size < 1:
             raise ValueError(
                 f"model.long_window_size={self.long_window_size} is invalid; it must be >= 1 or null (all the context)"

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention
+from model.bigram import BigramEmbedding, previous_tokens
 from model.block import Block, build_norm
 from model.config import GPTConfig
 from model.differential import DifferentialLambda
@@ -33,6 +34,7 @@ class GPT(nn.Module):
             raise ValueError("model.vocab_size is not set; it comes from the tokenizer of the data")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.bigram_emb = BigramEmbedding(config.bigram_embeds, config.d_model) if config.bigram_embeds else None
         # Added to the token embeddings (learned, sinusoidal), or rotating Q and K in every layer (rope).
         self.pos_emb: nn.Module | None = None
         self.rotary: RotaryEmbedding | None = None
@@ -89,6 +91,8 @@ class GPT(nn.Module):
         if self.x0_scales is not None:  # the residual mix's scalars: the plain residual stream at first
             nn.init.ones_(self.resid_scales)
             nn.init.zeros_(self.x0_scales)
+        if self.bigram_emb is not None:  # the model starts as it would without the table
+            nn.init.zeros_(self.bigram_emb.table.weight)
 
     def forward(
         self,
@@ -108,7 +112,7 @@ class GPT(nn.Module):
         Learned positions end at block_size; sinusoidal and rotary ones take any length (how well a
         model does past the context it was trained on is another matter: see generation/generate.py).
         """
-        T = idx.shape[1]
+        T, new_padding = idx.shape[1], padding_mask
         cached = cache.length if cache is not None else 0
         if cached + T > self.config.block_size and self.config.pos_encoding == "learned":
             what = f"{cached} cached + {T} new tokens" if cache is not None else f"sequence length {T}"
@@ -119,7 +123,12 @@ class GPT(nn.Module):
         else:  # the cache owns positions and the padding of every cached slot
             positions, padding_mask = cache.reserve(T, padding_mask)
             layer_caches = cache.layers
-        x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None)  # (B, T, d_model)
+        previous = None
+        if self.bigram_emb is not None:
+            previous = previous_tokens(idx, new_padding, cache.last_token if cache is not None else None)
+        if cache is not None:
+            cache.remember(idx, new_padding)
+        x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None, previous=previous)
         x0 = x
         for layer, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
             if self.x0_scales is not None:
@@ -148,11 +157,15 @@ class GPT(nn.Module):
         return loss
 
     def embed(
-        self, idx: Tensor, positions: Tensor, leading: bool = False
+        self, idx: Tensor, positions: Tensor, leading: bool = False, previous: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Token embeddings plus additive positions (B, T, d_model), and RoPE's (cos, sin) or None.
-        leading: the positions are 0..T - 1 (no cache, no padding), whose cos/sin RoPE keeps in a table."""
+        leading: the positions are 0..T - 1 (no cache, no padding), whose cos/sin RoPE keeps in a table.
+        previous: each token's previous one, which a bigram table pairs it with (model/bigram.py; None: the
+        token before it in idx, none for the first)."""
         x = self.tok_emb(idx)
+        if self.bigram_emb is not None:
+            x = x + self.bigram_emb(previous_tokens(idx) if previous is None else previous, idx)
         if isinstance(self.pos_emb, SinusoidalPositions):
             # The paper scales token embeddings by sqrt(d_model) (section 3.4); without it the fixed
             # table (amplitude 1) would drown GPT-2-initialised ones (std 0.02) and slow learning.

@@ -18,6 +18,7 @@ layer: a kept key carries the rotation of its own position.
 import torch
 from torch import Tensor
 
+from model.bigram import NO_TOKEN
 from model.config import GPTConfig
 
 
@@ -127,6 +128,7 @@ class KVCache:
         self.start = 0  # first slot of the tokens in flight
         self.length = 0  # slots filled (the same for every row)
         self.padded = False  # any padding so far; without it attention needs no padding mask
+        self.last_token = torch.full((batch_size,), NO_TOKEN, dtype=torch.long, device=device)  # per row (bigrams)
 
     @property
     def nbytes(self) -> int:
@@ -140,6 +142,7 @@ class KVCache:
         self.n_real.zero_()
         self.start = self.length = 0
         self.padded = False
+        self.last_token.fill_(NO_TOKEN)
 
     def reserve(self, length: int, padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Claim the next `length` slots for new tokens.
@@ -159,6 +162,16 @@ class KVCache:
             self.n_real += padding_mask.sum(-1)
             self.padded = True
         return positions, self.real[:, : self.length] if self.padded else None
+
+    def remember(self, idx: Tensor, padding_mask: Tensor | None = None) -> None:
+        """Keep each row's last real token of `idx` (B, T), which the next tokens' bigrams pair with."""
+        if padding_mask is None:
+            self.last_token = idx[:, -1].clone()
+            return
+        slots = torch.arange(idx.shape[1], device=idx.device)
+        latest = torch.where(padding_mask, slots, -1).max(dim=1).values  # -1: a row of padding only
+        token = idx.gather(1, latest.clamp(min=0)[:, None])[:, 0]
+        self.last_token = torch.where(latest >= 0, token, self.last_token)
 
 
 def cache_layout(config: GPTConfig) -> tuple[int, int, int]:

@@ -32,6 +32,7 @@ VARIANTS: dict[str, dict] = {
     "mla_window": {"mla_latent": 16, "window_pattern": "SL", "window_size": 4},  # a latent cache, windowed in layer 0
     "mla_rope_gqa_qk_norm": {"mla_latent": 16, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
     "x0_mix": {"x0_mix": True, "pos_encoding": "rope"},  # per-layer scalars of the residual stream and the embeddings
+    "bigram": {"bigram_embeds": 13, "pos_encoding": "rope"},  # hashed (previous, current) pairs, 13 rows: collisions
 }
 
 BACKENDS = ("explicit", "sdpa", "materialized")
@@ -87,4 +88,7 @@ def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, voca
         attn_backend=backend,
         **VARIANTS[variant],
     )
-    return GPT(cfg).eval()
+    model = GPT(cfg).eval()
+    if model.bigram_emb is not None:  # it starts at zero, which would hide a pair read from the wrong token
+        torch.nn.init.normal_(model.bigram_emb.table.weight, std=0.5)
+    return model

@@ -66,6 +66,7 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ),
         ("model.train_block_size=0", r"model.train_block_size=0 is invalid; it must be >= 1 or null"),
         ("model.long_window_size=0", r"model.long_window_size=0 is invalid; it must be >= 1 or null"),
+        ("model.bigram_embeds=1", r"model.bigram_embeds=1 is invalid; it must be 0 \(off\) or >= 2"),
         # trained on 32 of 64 tokens: no layer may look further back, or meet a position, than training showed
         (
             "model.block_size=64 model.train_block_size=32",
