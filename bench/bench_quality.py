@@ -63,8 +63,15 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+# Round 15 adds a hashed bigram table to the model's input (model/bigram.py).
+ROUND_15_UNDONE = ["model.bigram_embeds=0"]
 # Round 14 scores the same training in windows of 1,024 tokens instead of 128 (its layer 3 windowed to 128 keys).
-ROUND_14_UNDONE = ["model.block_size=128", "model.train_block_size=null", "model.long_window_size=null"]
+ROUND_14_UNDONE = [
+    *ROUND_15_UNDONE,
+    "model.block_size=128",
+    "model.train_block_size=null",
+    "model.long_window_size=null",
+]
 # Round 11 evaluates and saves every 250 steps; its uncompiled evaluation is code, which no override undoes.
 ROUND_11_UNDONE = [*ROUND_14_UNDONE, "eval_interval=100"]
 ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
@@ -72,6 +79,8 @@ ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The default before round 15 (docs/recipe/round15.md): no bigram table.
+    "round14": [*ROUND_15_UNDONE],
     # The default before round 14 (docs/recipe/round14.md): a context of 128, scored in windows of 128.
     "round13": [*ROUND_14_UNDONE],
     # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.

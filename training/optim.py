@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from model.bigram import BigramEmbedding
 from training.runtime import cpu_supports_bf16
 
 OPTIMIZERS = ("adamw", "muon")
@@ -20,7 +21,7 @@ SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
 MAX_LR = 1000.0  # every peak lr: see OptimConfig.validate
-GROUP_LRS = ("embedding_lr", "head_lr", "gain_lr")  # a group's own peak lr, or null for optim.lr
+GROUP_LRS = ("embedding_lr", "head_lr", "gain_lr", "bigram_lr")  # a group's own peak lr, or null for optim.lr
 
 
 @dataclass
@@ -44,6 +45,9 @@ class OptimConfig:
     # Peak lr of the "gain" group (norm gains, biases, the residual mix's per-layer scalars); null: optim.lr.
     # nanochat gives its per-layer scalars a far larger lr than its matrices' AdamW.
     gain_lr: float | None = None
+    # Peak lr of a hashed bigram table (model.bigram_embeds); null: optim.lr. Not the token table's: a row of pairs
+    # occurs far more rarely than a token, and at the token table's 0.3 it memorised (docs/recipe/round15.md).
+    bigram_lr: float | None = None
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, times Muon's lr
     # NorMuon (Li et al. 2025): each row (output neuron) of Muon's orthogonalised update divided by its RMS,
@@ -131,13 +135,17 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> Tensor:
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parameter]]:
     """Parameters by role: "hidden" (2-D matmul weights inside the blocks), "head" (an untied LM head),
-    "embedding" (token/position tables, with a tied head), "gain" (norm gains and biases)."""
+    "embedding" (token/position tables, with a tied head), "gain" (norm gains and biases), "bigram" (a hashed bigram
+    table: an embedding at its own lr)."""
     embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    groups: dict[str, list[nn.Parameter]] = {"hidden": [], "head": [], "embedding": [], "gain": []}
+    bigrams = {id(p) for m in model.modules() if isinstance(m, BigramEmbedding) for p in m.parameters()}
+    groups: dict[str, list[nn.Parameter]] = {"hidden": [], "head": [], "embedding": [], "gain": [], "bigram": []}
     for name, p in model.named_parameters():  # a tied weight appears once, as the embedding
         if not p.requires_grad:
             continue
-        if id(p) in embeddings:
+        if id(p) in bigrams:
+            groups["bigram"].append(p)
+        elif id(p) in embeddings:
             groups["embedding"].append(p)
         elif p.dim() < 2:
             groups["gain"].append(p)
@@ -150,8 +158,10 @@ def build_optimizer(
     model: nn.Module, cfg: OptimConfig, device_type: str, precision: str = "fp32"
 ) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
-    decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": cfg.embedding_weight_decay}
-    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "gain": cfg.gain_lr}  # None: cfg.lr
+    decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay} | dict.fromkeys(
+        ("embedding", "bigram"), cfg.embedding_weight_decay
+    )
+    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "gain": cfg.gain_lr, "bigram": cfg.bigram_lr}
     adam = {"betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
     groups = [
         {"params": params, "role": role, "weight_decay": decay.get(role, 0.0), **adam}

@@ -2,6 +2,7 @@
 cache, padding or a second call computes what one pass over the whole sequence does. The model-level guarantees
 (no leak, KV cache = full forward, kernels equal) run over the `bigram` variant in tests/variants.py."""
 
+import pytest
 import torch
 
 from model import GPT, GPTConfig
@@ -47,13 +48,17 @@ def test_the_cache_remembers_each_rows_last_real_token_and_reset_forgets_it():
     assert cache.last_token.tolist() == [N, N]
 
 
-def test_a_table_starts_at_zero_and_learns_as_an_embedding():
-    from training.optim import OptimConfig, param_groups
+def test_a_table_starts_at_zero_and_learns_at_its_own_lr():
+    from training.optim import OptimConfig, build_optimizer, set_lr
 
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, d_model=16, bigram_embeds=5))
     assert torch.count_nonzero(model.bigram_emb.table.weight) == 0  # the model starts as it would without it
-    groups = param_groups(model, OptimConfig(optimizer="muon"))
-    assert any(p is model.bigram_emb.table.weight for p in groups["embedding"])  # the token table's lr and decay
+    for bigram_lr, expected in ((None, 0.002), (0.01, 0.005)):  # null: optim.lr, not the token table's
+        cfg = OptimConfig(optimizer="muon", lr=0.004, embedding_lr=0.3, bigram_lr=bigram_lr)
+        opt = build_optimizer(model, cfg, "cpu")
+        set_lr(opt, 0.002)  # half the peak: each group at half its own
+        (group,) = [g for g in opt.param_groups if any(p is model.bigram_emb.table.weight for p in g["params"])]
+        assert (group["role"], len(group["params"]), group["lr"]) == ("bigram", 1, pytest.approx(expected))
     _, loss = model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))
     loss.backward()
     grad = model.bigram_emb.table.weight.grad

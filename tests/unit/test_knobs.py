@@ -240,6 +240,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
     assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # round 10 (docs/recipe/round10.md)
     assert (m.long_window_size, m.block_size) == (128, 1024)  # round 14: trains on 128 tokens, scored in 1,024
+    assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/recipe/round15.md)
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -264,6 +265,7 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
     assert cfg.compile is False  # round 9 compiles the default's step
     assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # round 10's residual mix and windows
+    assert cfg.model.bigram_embeds == 0  # round 15's bigram table
     # round 11 evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
     # bench_quality's headline comparison pay the same evaluations
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
@@ -287,7 +289,8 @@ def test_round_13s_default_is_todays_with_a_context_of_128():
         None,
         None,
     )
-    assert {**round13.model, "block_size": 1024, "train_block_size": 128, "long_window_size": 128} == {**default.model}
+    round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128, "bigram_embeds": 8192}
+    assert {**round13.model, **round14} == {**default.model}
     assert {**round13, "model": default.model} == {**default}
 
 
@@ -296,7 +299,7 @@ def test_round_14_trains_exactly_as_round_13_did():
     # sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with the same angles.
     from bench.bench_quality import RECIPES
 
-    new, old = compose_config([]).model, compose_config(RECIPES["round13"]).model
+    new, old = compose_config(RECIPES["round14"]).model, compose_config(RECIPES["round13"]).model
     models = []
     for m in (new, old):
         torch.manual_seed(0)
@@ -321,7 +324,7 @@ def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
 
     round9, default = compose_config(RECIPES["round9"]), compose_config([])
     assert (round9.model.x0_mix, round9.model.window_pattern) == (False, None)
-    round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128}
+    round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128, "bigram_embeds": 8192}
     assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL", **round14} == {**default.model}
     assert (round9.optim, round9.data, round9.batch_size, round9.compile) == (
         default.optim,
@@ -415,3 +418,12 @@ def test_bench_quality_with_no_recipes_named_runs_the_headline_pair_only():
     # the docstring's first command: the default against nanoGPT's recipe, not all 16 recipes for 80 minutes
     args = build_parser().parse_args([])
     assert (args.recipes, args.reference, args.budget) == (["default", "nanogpt_baby"], "nanogpt_baby", 300.0)
+
+
+def test_round_15s_default_is_round_14s_with_the_bigram_table():
+    from bench.bench_quality import RECIPES
+
+    round14, default = compose_config(RECIPES["round14"]), compose_config([])
+    assert (round14.model.bigram_embeds, default.model.bigram_embeds) == (0, 8192)
+    assert {**round14.model, "bigram_embeds": 8192} == {**default.model}
+    assert {**round14, "model": default.model} == {**default}

@@ -127,9 +127,9 @@ def test_embedding_head_and_gain_lrs_set_their_groups_peaks(optimizer, gain_lr):
     assert lrs["hidden"] == pytest.approx(0.01 if optimizer == "muon" else 0.002)
 
 
-@pytest.mark.parametrize("name", ["embedding_lr", "head_lr", "gain_lr"])
+@pytest.mark.parametrize("name", ["embedding_lr", "head_lr", "gain_lr", "bigram_lr"])
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), 1e6])
-def test_embedding_head_and_gain_lrs_refuse_bad_values(name, value):
+def test_embedding_head_gain_and_bigram_lrs_refuse_bad_values(name, value):
     with pytest.raises(ValueError, match=rf"optim.{name}={value} is invalid"):
         OptimConfig(**{name: value}).validate()
 
