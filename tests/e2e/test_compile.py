@@ -50,3 +50,32 @@ def test_compiled_model_matches_eager():
     eager_loss = model(batch, batch)[1]
     compiled_loss = compiled(batch, batch)[1]
     assert abs(eager_loss.item() - compiled_loss.item()) < 1e-5
+
+
+def test_a_compile_that_fails_trusting_the_cpu_isa_is_compiled_again_with_inductors_checks(monkeypatch):
+    from torch._inductor import config as inductor
+
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # the trial step below plays the compiler
+    tried = []
+
+    def trial_step(model):
+        tried.append(inductor.cpp.vec_isa_ok)
+        if len(tried) == 1:
+            raise RuntimeError("g++: error: unrecognized command-line option '-mamx-tile'")
+
+    model = tiny_model()
+    with inductor.patch({"cpp.vec_isa_ok": None}):  # as a run starts: nobody set TORCHINDUCTOR_VEC_ISA_OK
+        assert compile_or_eager(model, trial_step) is model
+        assert tried == [True, None]  # first the CPU's own ISA list, then inductor's checks, which the compile passed
+        assert inductor.cpp.vec_isa_ok is None
+
+
+def test_an_isa_choice_the_user_made_is_kept(monkeypatch):
+    from torch._inductor import config as inductor
+
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+    tried = []
+    model = tiny_model()
+    with inductor.patch({"cpp.vec_isa_ok": False}):  # TORCHINDUCTOR_VEC_ISA_OK=0: no vector ISA at all
+        assert compile_or_eager(model, lambda m: tried.append(inductor.cpp.vec_isa_ok)) is model
+        assert tried == [False] and inductor.cpp.vec_isa_ok is False
