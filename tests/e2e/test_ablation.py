@@ -56,6 +56,7 @@ def test_run_info_and_summary_match_a_hand_count_with_free_d_k(tiny_run_override
     # d_k = 5 with n_head = 3 over d_model = 32: n_head * d_k = 15 != d_model
     learned = ["model.pos_encoding=learned", "model.qk_norm=false"]  # hand_count's layout; RoPE needs an even d_k
     learned += ["model.tie_embeddings=true", "model.attn_gate=null", "model.x0_mix=false", "model.window_pattern=null"]
+    learned += ["model.bigram_embeds=0"]
     run_train([*tiny_run_overrides, *learned, "model.n_head=3", "model.d_k=5", "max_steps=4", "eval_interval=4"])
     info, summary = read_json(tmp_path / "run" / "run_info.json"), read_json(tmp_path / "run" / "summary.json")
     V, T, L, D, HD = info["config"]["model"]["vocab_size"], 32, 2, 32, 15
