@@ -21,21 +21,27 @@ CURRENT_MULTIPLIER = 998_244_353
 NO_TOKEN = -1  # "no previous token": a sequence's first, or a row of only padding so far
 
 
-def previous_tokens(idx: Tensor, padding_mask: Tensor | None = None, last: Tensor | None = None) -> Tensor:
-    """(B, T): the last real token before each position of idx, NO_TOKEN where there is none.
+def tokens_before(idx: Tensor, padding_mask: Tensor | None = None, last: Tensor | None = None) -> Tensor:
+    """(B, T + 1): the last real token before each position of idx, and in column T the last real token of all
+    (what a KV cache keeps for the next call); NO_TOKEN where there is none.
 
     padding_mask (B, T): True for real tokens; last (B,): the last real token before idx (NO_TOKEN: none)."""
     B, T = idx.shape
     if padding_mask is None and last is None:  # training's case, kept to one shift so the compiled step stays small
-        return torch.cat([idx.new_full((B, 1), NO_TOKEN), idx[:, :-1]], dim=1)
+        return torch.cat([idx.new_full((B, 1), NO_TOKEN), idx], dim=1)
     last = idx.new_full((B,), NO_TOKEN) if last is None else last
     tokens = torch.cat([last[:, None], idx], dim=1)  # (B, T + 1): slot 0 is what came before idx
     real = torch.cat([last[:, None] != NO_TOKEN, torch.ones_like(idx, dtype=torch.bool)], dim=1)
     if padding_mask is not None:
         real[:, 1:] = padding_mask
     slots = torch.arange(T + 1, device=idx.device).expand(B, -1)
-    latest = torch.where(real, slots, -1).cummax(dim=1).values[:, :T]  # last real slot before each position
+    latest = torch.where(real, slots, -1).cummax(dim=1).values  # the last real slot at or before each slot
     return torch.where(latest >= 0, tokens.gather(1, latest.clamp(min=0)), NO_TOKEN)
+
+
+def previous_tokens(idx: Tensor, padding_mask: Tensor | None = None, last: Tensor | None = None) -> Tensor:
+    """(B, T): the last real token before each position of idx, NO_TOKEN where there is none (tokens_before)."""
+    return tokens_before(idx, padding_mask, last)[:, :-1]
 
 
 def bigram_rows(previous: Tensor, idx: Tensor, rows: int) -> Tensor:

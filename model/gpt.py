@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention
-from model.bigram import BigramEmbedding, previous_tokens
+from model.bigram import BigramEmbedding, previous_tokens, tokens_before
 from model.block import Block, build_norm
 from model.config import GPTConfig
 from model.differential import DifferentialLambda
@@ -124,10 +124,11 @@ class GPT(nn.Module):
             positions, padding_mask = cache.reserve(T, padding_mask)
             layer_caches = cache.layers
         previous = None
-        if self.bigram_emb is not None:
-            previous = previous_tokens(idx, new_padding, cache.last_token if cache is not None else None)
-        if cache is not None:
-            cache.remember(idx, new_padding)
+        if self.bigram_emb is not None:  # each token's previous one, and the cache's last token for the next call
+            before = tokens_before(idx, new_padding, cache.last_token if cache is not None else None)
+            previous = before[:, :-1]
+            if cache is not None:
+                cache.last_token = before[:, -1]
         x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None, previous=previous)
         x0 = x
         for layer, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):

@@ -128,7 +128,8 @@ class KVCache:
         self.start = 0  # first slot of the tokens in flight
         self.length = 0  # slots filled (the same for every row)
         self.padded = False  # any padding so far; without it attention needs no padding mask
-        self.last_token = torch.full((batch_size,), NO_TOKEN, dtype=torch.long, device=device)  # per row (bigrams)
+        # Per row, the last real token so far, which a model with a bigram table keeps here (GPT.forward).
+        self.last_token = torch.full((batch_size,), NO_TOKEN, dtype=torch.long, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -162,16 +163,6 @@ class KVCache:
             self.n_real += padding_mask.sum(-1)
             self.padded = True
         return positions, self.real[:, : self.length] if self.padded else None
-
-    def remember(self, idx: Tensor, padding_mask: Tensor | None = None) -> None:
-        """Keep each row's last real token of `idx` (B, T), which the next tokens' bigrams pair with."""
-        if padding_mask is None:
-            self.last_token = idx[:, -1].clone()
-            return
-        slots = torch.arange(idx.shape[1], device=idx.device)
-        latest = torch.where(padding_mask, slots, -1).max(dim=1).values  # -1: a row of padding only
-        token = idx.gather(1, latest.clamp(min=0)[:, None])[:, 0]
-        self.last_token = torch.where(latest >= 0, token, self.last_token)
 
 
 def cache_layout(config: GPTConfig) -> tuple[int, int, int]:

@@ -158,9 +158,8 @@ def build_optimizer(
     model: nn.Module, cfg: OptimConfig, device_type: str, precision: str = "fp32"
 ) -> torch.optim.Optimizer:
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
-    decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay} | dict.fromkeys(
-        ("embedding", "bigram"), cfg.embedding_weight_decay
-    )
+    tables = cfg.embedding_weight_decay
+    decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": tables, "bigram": tables}
     peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "gain": cfg.gain_lr, "bigram": cfg.bigram_lr}
     adam = {"betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
     groups = [
