@@ -14,6 +14,7 @@ from training.optim import (
     MuonAdamW,
     OptimConfig,
     build_optimizer,
+    fusable,
     lr_at,
     param_groups,
     set_lr,
@@ -225,6 +226,19 @@ def test_muon_adamw_takes_torchs_adamw_step_on_the_other_groups():
     for w, c, start in zip(ours, theirs, two_matrices_and_a_gain(), strict=True):
         assert not c.equal(start)
         torch.testing.assert_close(w, c, rtol=0, atol=1e-7)
+
+
+def test_adamw_updates_take_the_fused_kernel_for_plain_tensors_and_foreach_for_shards():
+    class Shard:  # what marks FSDP's DTensors: a full_tensor() that gathers the shards
+        device = torch.device("cpu")
+
+        def full_tensor(self) -> None: ...
+
+    params = two_matrices_and_a_gain()
+    assert fusable(params) and not fusable([*params, Shard()])
+    assert not fusable([torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    adamw = build_optimizer(GPT(GPTConfig(**TINY.__dict__)), cfg(optimizer="adamw"), "cpu")
+    assert (adamw.defaults["fused"], adamw.defaults["foreach"]) == (True, None)
 
 
 def test_matrices_of_one_shape_orthogonalised_as_a_batch_step_as_each_would_alone():
