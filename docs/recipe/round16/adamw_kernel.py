@@ -23,12 +23,16 @@ from training.runtime import device_name
 LR, BETA1, BETA2, DECAY, EPS = 3e-3, 0.9, 0.99, 0.01, 1e-8
 
 
-def per_tensor(p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int) -> None:
-    p.mul_(1 - LR * DECAY)
-    m.lerp_(grad, 1 - BETA1)
-    v.mul_(BETA2).addcmul_(grad, grad, value=1 - BETA2)
-    denom = (v.sqrt() / (1 - BETA2**step) ** 0.5).add_(EPS)
-    p.addcdiv_(m, denom, value=-LR / (1 - BETA1**step))
+def per_tensor(
+    p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
+    lr: float = LR, beta1: float = BETA1, beta2: float = BETA2, decay: float = DECAY, eps: float = EPS,
+) -> None:  # fmt: skip
+    """Round 15's AdamW update of one tensor (MuonAdamW._adamw before round 16): eight operations over it."""
+    p.mul_(1 - lr * decay)
+    m.lerp_(grad, 1 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (v.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+    p.addcdiv_(m, denom, value=-lr / (1 - beta1**step))
 
 
 def fused(p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, steps: list[torch.Tensor]) -> None:
@@ -75,7 +79,8 @@ def whole_model() -> str:
     return f"torch.optim.AdamW over the default's {sum(p.numel() for p in params):,} parameters: {medians}"
 
 
-print(f"{device_name(torch.device('cpu'))}; torch {torch.__version__}")
-print(one_table(8192))
-print(one_table(32768))
-print(whole_model())
+if __name__ == "__main__":
+    print(f"{device_name(torch.device('cpu'))}; torch {torch.__version__}")
+    print(one_table(8192))
+    print(one_table(32768))
+    print(whole_model())

@@ -7,7 +7,6 @@ alternating rounds with MuonAdamW's AdamW groups updated by round 15's per-tenso
 """
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
+from adamw_kernel import per_tensor  # this folder's: the script's own directory leads sys.path
 
 from bench.bench_train import load_config
 from data.prepare import prepare
@@ -26,19 +26,15 @@ from training.trainer import Trainer
 
 @torch.no_grad()
 def per_tensor_adamw(self: MuonAdamW, params: list[torch.Tensor], group: dict) -> None:
-    """Round 15's AdamW update: eight tensor operations over each parameter, one parameter at a time."""
+    """Round 15's AdamW update of a group: adamw_kernel.per_tensor over each parameter, one at a time."""
     (beta1, beta2), lr = group["betas"], group["lr"]
     for p in params:
         state = self.state[p]
         if not state:
             state |= {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
         state["step"] += 1
-        step = state["step"].item()
-        p.mul_(1 - lr * group["weight_decay"])
-        state["exp_avg"].lerp_(p.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2**step)).add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1**step))
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        per_tensor(p, p.grad, m, v, int(state["step"].item()), lr, beta1, beta2, group["weight_decay"], group["eps"])
 
 
 def main() -> None:
