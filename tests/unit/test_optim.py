@@ -241,15 +241,15 @@ def test_adamw_updates_take_the_fused_kernel_for_plain_tensors_and_foreach_for_s
     assert (adamw.defaults["fused"], adamw.defaults["foreach"]) == (True, None)
 
 
-def test_matrices_of_one_shape_orthogonalised_as_a_batch_step_as_each_would_alone():
+def test_matrices_of_one_shape_or_its_transpose_orthogonalised_as_a_batch_step_as_each_would_alone():
     def muon(params):
         group = {"params": params, "role": "hidden", "lr_scale": 1.0, "weight_decay": 0.1, "eps": 1e-7}
         group |= {"momentum": 0.95, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS, "ns_steps": 5}
         return MuonAdamW([group], lr=0.1, ns_dtype=torch.float32)
 
-    def matrices():  # three of one shape (one batch), one of another
+    def matrices():  # two tall and one wide of the transposed shape (one batch), one of another shape
         torch.manual_seed(0)
-        return [torch.nn.Parameter(torch.randn(*shape)) for shape in ((24, 8), (24, 8), (24, 8), (8, 16))]
+        return [torch.nn.Parameter(torch.randn(*shape)) for shape in ((24, 8), (8, 24), (24, 8), (8, 16))]
 
     def grad(i, step, shape):  # each matrix its own gradients, so a mixed-up batch would show
         return torch.randn(shape, generator=torch.Generator().manual_seed(100 * i + step))
