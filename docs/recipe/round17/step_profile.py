@@ -5,9 +5,7 @@ average), then 10 steps under torch.profiler with inductor's per-kernel records,
     python docs/recipe/round17/step_profile.py
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -17,20 +15,13 @@ import torch._inductor.config as inductor_config
 
 inductor_config.cpp.enable_kernel_profile = True  # before compiling: each generated kernel gets a profiler record
 
+from ns_batches import timed  # noqa: E402  (this folder's: the script's own directory leads sys.path)
+
 from bench.bench_train import load_config  # noqa: E402
 from data.prepare import prepare  # noqa: E402
 from training.optim import clip_grad_norm_  # noqa: E402
 from training.runtime import device_name, resolve_device  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
-
-
-def timed(fn, steps: int = 40) -> float:
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 @torch.no_grad()
