@@ -8,13 +8,14 @@ row): two compiled trainers of the default, one with the hand-written loss, alte
 import argparse
 import statistics
 import sys
-import time
 import types
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
+from ns_batches import timed  # this folder's: the script's own directory leads sys.path
 
 from bench.bench_train import load_config
 from data.prepare import prepare
@@ -60,13 +61,9 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for round_ in range(args.rounds + 1):
         for name, trainer in trainers.items():
-            laps = []
-            for _ in range(10):
-                start = time.perf_counter()
-                trainer.advance(0.8)
-                laps.append(time.perf_counter() - start)
+            ms = timed(partial(trainer.advance, 0.8), 10)
             if round_:  # the first round warms both up
-                times[name].append(1000 * statistics.median(laps))
+                times[name].append(ms)
     ratios = [b / a for a, b in zip(*times.values(), strict=True)]
     print(f"{device_name(device)}; torch {torch.__version__}")
     for name, ms in times.items():
