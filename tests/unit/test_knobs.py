@@ -229,7 +229,7 @@ def test_the_default_run_is_the_measured_recipe():
         0.02,
         "wsd",
         "1-sqrt",
-        0.3,
+        0.6,  # round 18 (docs/recipe/round18.md)
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
     assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # round 8 (docs/recipe/round8.md)
@@ -271,27 +271,27 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
 
 
-def test_round_10s_default_is_todays_evaluating_every_100_steps():
+def test_round_10s_default_is_round_17s_evaluating_every_100_steps():
     from bench.bench_quality import RECIPES
 
-    round10, default = compose_config(RECIPES["round10"]), compose_config([])
-    assert (round10.eval_interval, default.eval_interval) == (100, 250)
-    assert {**round10, "eval_interval": 250, "model": compose_config([]).model} == {**default}
+    round10, round17 = compose_config(RECIPES["round10"]), compose_config(RECIPES["round17"])
+    assert (round10.eval_interval, round17.eval_interval) == (100, 250)
+    assert {**round10, "eval_interval": 250, "model": round17.model} == {**round17}
     assert round10.model == compose_config(RECIPES["round13"]).model  # and scored in windows of 128
 
 
-def test_round_13s_default_is_todays_with_a_context_of_128():
+def test_round_13s_default_is_round_17s_with_a_context_of_128():
     from bench.bench_quality import RECIPES
 
-    round13, default = compose_config(RECIPES["round13"]), compose_config([])
+    round13, round17 = compose_config(RECIPES["round13"]), compose_config(RECIPES["round17"])
     assert (round13.model.block_size, round13.model.train_block_size, round13.model.long_window_size) == (
         128,
         None,
         None,
     )
     round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128, "bigram_embeds": 8192}
-    assert {**round13.model, **round14} == {**default.model}
-    assert {**round13, "model": default.model} == {**default}
+    assert {**round13.model, **round14} == {**round17.model}
+    assert {**round13, "model": round17.model} == {**round17}
 
 
 def test_round_14_trains_exactly_as_round_13_did():
@@ -319,18 +319,18 @@ def test_round_14_trains_exactly_as_round_13_did():
     assert (new_logits[:, 200:] - old_logits[:, 200:]).abs().amax(-1).min() > 1e-4
 
 
-def test_round_9s_default_is_todays_without_the_residual_mix_and_windows():
+def test_round_9s_default_is_round_17s_without_the_residual_mix_and_windows():
     from bench.bench_quality import RECIPES
 
-    round9, default = compose_config(RECIPES["round9"]), compose_config([])
+    round9, round17 = compose_config(RECIPES["round9"]), compose_config(RECIPES["round17"])
     assert (round9.model.x0_mix, round9.model.window_pattern) == (False, None)
     round14 = {"block_size": 1024, "train_block_size": 128, "long_window_size": 128, "bigram_embeds": 8192}
-    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL", **round14} == {**default.model}
+    assert {**round9.model, "x0_mix": True, "window_pattern": "SSSL", **round14} == {**round17.model}
     assert (round9.optim, round9.data, round9.batch_size, round9.compile) == (
-        default.optim,
-        default.data,
-        default.batch_size,
-        default.compile,
+        round17.optim,
+        round17.data,
+        round17.batch_size,
+        round17.compile,
     )
 
 
@@ -423,7 +423,15 @@ def test_bench_quality_with_no_recipes_named_runs_the_headline_pair_only():
 def test_round_15s_default_is_round_14s_with_the_bigram_table():
     from bench.bench_quality import RECIPES
 
-    round14, default = compose_config(RECIPES["round14"]), compose_config([])
-    assert (round14.model.bigram_embeds, default.model.bigram_embeds) == (0, 8192)
-    assert {**round14.model, "bigram_embeds": 8192} == {**default.model}
-    assert {**round14, "model": default.model} == {**default}
+    round14, round17 = compose_config(RECIPES["round14"]), compose_config(RECIPES["round17"])
+    assert (round14.model.bigram_embeds, round17.model.bigram_embeds) == (0, 8192)
+    assert {**round14.model, "bigram_embeds": 8192} == {**round17.model}
+    assert {**round14, "model": round17.model} == {**round17}
+
+
+def test_round_18s_default_is_round_17s_cooling_down_over_60_percent():
+    from bench.bench_quality import RECIPES
+
+    round17, default = compose_config(RECIPES["round17"]), compose_config([])
+    assert (round17.optim.cooldown_frac, default.optim.cooldown_frac) == (0.3, 0.6)
+    assert {**round17, "optim": {**round17.optim, "cooldown_frac": 0.6}} == {**default}
