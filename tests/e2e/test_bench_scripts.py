@@ -304,7 +304,9 @@ def test_bench_memory_policy_times_both_policies_in_alternating_processes(tiny_r
 
 
 def test_profile_step_names_the_machine_and_the_steps_ops_with_their_shares(tiny_run_overrides):
-    args = ["--steps", "2", "--warmup", "1", "--rows", "5", "--", *tiny_run_overrides]
+    # Every op of the step (--rows above their count): which ops make the top 5 by time moves with the machine's load
+    # (a CI run beside a training run once listed no aten::mm in its top 5), the list of them does not.
+    args = ["--steps", "2", "--warmup", "1", "--rows", "500", "--", *tiny_run_overrides]
     result = subprocess.run(
         [sys.executable, "bench/profile_step.py", *args], cwd=ROOT, capture_output=True, text=True, check=True
     )
@@ -313,9 +315,9 @@ def test_profile_step_names_the_machine_and_the_steps_ops_with_their_shares(tiny
     assert re.search(r"median step [\d.]+ ms \(unprofiled\); matrix products \d+% of the profiled op time", lines[1])
     header = lines.index(next(line for line in lines if line.startswith("op ")))
     rows = [line.split() for line in lines[header + 1 :]]
-    assert len(rows) == 5 and "aten::mm" in [r[0] for r in rows]  # the model's linears
-    shares = [float(r[2].rstrip("%")) for r in rows]
-    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
+    assert 5 < len(rows) < 500 and "aten::mm" in [r[0] for r in rows]  # the model's linears
+    shares = [float(r[-2].rstrip("%")) for r in rows]  # from the right: some ops' names have spaces
+    assert shares == sorted(shares, reverse=True) and 98 <= sum(shares) <= 102  # all of the op time, each to 0.1%
 
 
 def test_bench_step_pair_times_both_in_alternating_rounds_and_prints_one_ratio(tiny_run_overrides):
