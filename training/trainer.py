@@ -243,6 +243,7 @@ class Trainer:
         caught (even before the loop) ends it at the next step, saved."""
         cfg, run = self.cfg, self.run
         clock, saved_step = Clock(self.state.elapsed_s + self.compile_s, self.dist), self.state.step
+        first_step, trained_s = self.state.step, self.state.elapsed_s
         self.model.train()
         if cfg.budget_s and self.state.step == 0:
             self.evaluate_and_save(clock, save=False)  # the loss at init, and what an evaluation costs
@@ -262,6 +263,12 @@ class Trainer:
                 path = run.latest() if saved_step == self.state.step else self.save(False)
                 raise RunInterrupted(requested, self.state.step, str(path), cfg.out_dir)
         self.state.elapsed_s = clock.local()
+        if self.state.step == first_step and cfg.budget_s:  # only a resumed run: a new one always takes a step
+            log.warning(
+                "no step ran: budget_s=%g left %.1f s after the %.1f s already trained, and compiling the step took "
+                "%.1f s; continue with a larger budget_s (a total) or compile=false",
+                cfg.budget_s, cfg.budget_s - trained_s, trained_s, self.compile_s,
+            )  # fmt: skip
         run.finish(self.state, self.metrics)
         self.average.install(self.model)  # what the run returns and samples
         return self.metrics

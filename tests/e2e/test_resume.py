@@ -4,6 +4,7 @@ the same per-step losses as an uninterrupted run; resume=<path> and the wandb ru
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -235,3 +236,25 @@ def test_ctrl_c_through_a_pipe_whose_reader_it_also_killed_still_saves(shared_co
     stopped = max(logged(out_dir))
     assert proc.returncode == 130
     assert (out_dir / "checkpoints" / f"step_{stopped:07d}.safetensors").is_file()
+
+
+def test_a_resumed_run_whose_budget_compiling_spent_says_no_step_ran(run_overrides, tmp_path, monkeypatch, caplog):
+    # Defect: `budget_s=300` on a run that had trained 279.9 s compiled for more than the 20 s left and ended
+    # "done:" with the same step and loss as before, saying nothing of why it had not trained.
+    budget = [o for o in run_overrides if not o.startswith("max_steps=")] + ["max_steps=null"]
+    run_train([*budget, "budget_s=3"])
+    steps = max(logged(tmp_path / "run"))
+    prepare = training.trainer.Trainer.prepare
+
+    def slow_compile(self):  # as if compiling had taken longer than the second left
+        prepare(self)
+        self.compile_s = 5.0
+
+    monkeypatch.setattr(training.trainer.Trainer, "prepare", slow_compile)
+    with caplog.at_level("WARNING", logger="training.trainer"):
+        run_train([*budget, "budget_s=4", "resume=auto"])
+    assert max(logged(tmp_path / "run")) == steps
+    said = r"no step ran: budget_s=4 left (\d\.\d) s after the (\d\.\d) s already trained, and compiling the step took"
+    said += r" 5\.0 s; continue with a larger budget_s"
+    left, trained = map(float, re.search(said, caplog.text).groups())
+    assert trained <= 3.0 and abs(left + trained - 4.0) < 0.11
