@@ -63,8 +63,10 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+# Round 20 scores the same training in windows of 4,096 tokens instead of 1,024 (configs/model/small.yaml).
+ROUND_20_UNDONE = ["model.block_size=1024"]
 # Round 18 cools down over the last 60% of training instead of 30% (configs/optim/muon.yaml).
-ROUND_18_UNDONE = ["optim.cooldown_frac=0.3"]
+ROUND_18_UNDONE = [*ROUND_20_UNDONE, "optim.cooldown_frac=0.3"]
 # Round 15 adds a hashed bigram table to the model's input (model/bigram.py).
 ROUND_15_UNDONE = [*ROUND_18_UNDONE, "model.bigram_embeds=0"]
 # Round 14 scores the same training in windows of 1,024 tokens instead of 128 (its layer 3 windowed to 128 keys).
@@ -81,6 +83,8 @@ ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The default before round 20 (docs/recipe/round20.md): a context of 1,024, scored in windows of 1,024.
+    "round19": [*ROUND_20_UNDONE],
     # The default before round 18 (docs/recipe/round18.md): a cooldown over the last 30% of training.
     "round17": [*ROUND_18_UNDONE],
     # The default before round 15 (docs/recipe/round15.md): no bigram table.

@@ -14,11 +14,12 @@ def split_loss(
     tokens: np.ndarray,
     block_size: int,
     device: torch.device,
-    batch_size: int = 32,
+    batch_tokens: int = 32 * 1024,
     precision_ctx: contextlib.AbstractContextManager | None = None,
 ) -> float:
     """Mean next-token cross-entropy (nats) over *every* token of a split: non-overlapping windows of
-    block_size, the last one shorter; each token is predicted once, from the window it falls in."""
+    block_size, the last one shorter; each token is predicted once, from the window it falls in.
+    Windows go batch_tokens at a time (at least one): the logits of a batch are most of its memory."""
     was_training = model.training
     model.eval()
     ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
@@ -26,6 +27,7 @@ def split_loss(
     starts = list(range(0, n, block_size))
     total = torch.zeros((), dtype=torch.float64, device=device)
     full = [s for s in starts if s + block_size <= n]
+    batch_size = max(1, batch_tokens // block_size)
     groups = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts[len(full) :]]
     for group in groups:
         length = min(block_size, n - group[0])

@@ -239,7 +239,8 @@ def test_the_default_run_is_the_measured_recipe():
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
     assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
     assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # round 10 (docs/recipe/round10.md)
-    assert (m.long_window_size, m.block_size) == (128, 1024)  # round 14: trains on 128 tokens, scored in 1,024
+    assert (m.long_window_size, m.train_block_size) == (128, 128)  # round 14: trains on 128 tokens, reads more
+    assert m.block_size == 4096  # round 20 (docs/recipe/round20.md): scored in windows of 4,096, not 1,024
     assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/recipe/round15.md)
     from bench.bench_quality import STARTUP_S
 
@@ -317,6 +318,31 @@ def test_round_14_trains_exactly_as_round_13_did():
         new_logits, old_logits = (model(long)[0] for model in models)
     torch.testing.assert_close(new_logits[:, :128], old_logits[:, :128], rtol=0, atol=1e-6)
     assert (new_logits[:, 200:] - old_logits[:, 200:]).abs().amax(-1).min() > 1e-4
+
+
+def test_round_20_computes_what_round_19_did_on_any_length():
+    # Round 20 only lengthens the context (the score's windows): every layer is windowed to at most 128 keys and RoPE's
+    # angles depend on the position alone, so the two models are one function, trained alike and reading alike.
+    from bench.bench_quality import RECIPES
+
+    new, old = compose_config(RECIPES["default"]).model, compose_config(RECIPES["round19"]).model
+    assert (new.block_size, old.block_size) == (4096, 1024)
+    assert {**new, "block_size": 1024} == {**old}
+    models = []
+    for m in (new, old):
+        torch.manual_seed(0)
+        models.append(GPT(GPTConfig(**{**m, "vocab_size": V})))
+    idx = torch.randint(0, V, (2, new.train_block_size + 1), generator=torch.Generator().manual_seed(1))
+    losses = [model(idx[:, :-1], idx[:, 1:])[1] for model in models]
+    for loss in losses:
+        loss.backward()
+    assert losses[0].item() == losses[1].item()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    long = torch.randint(0, V, (1, 1500), generator=torch.Generator().manual_seed(2))  # past the old context too
+    with torch.no_grad():
+        new_logits, old_logits = (model(long)[0] for model in models)
+    torch.testing.assert_close(new_logits, old_logits, rtol=0, atol=1e-5)
 
 
 def test_round_9s_default_is_round_17s_without_the_residual_mix_and_windows():
@@ -432,6 +458,7 @@ def test_round_15s_default_is_round_14s_with_the_bigram_table():
 def test_round_18s_default_is_round_17s_cooling_down_over_60_percent():
     from bench.bench_quality import RECIPES
 
-    round17, default = compose_config(RECIPES["round17"]), compose_config([])
-    assert (round17.optim.cooldown_frac, default.optim.cooldown_frac) == (0.3, 0.6)
-    assert {**round17, "optim": {**round17.optim, "cooldown_frac": 0.6}} == {**default}
+    # round 18's default is round 19's recipe: round 20 lengthened the context since
+    round17, round19 = compose_config(RECIPES["round17"]), compose_config(RECIPES["round19"])
+    assert (round17.optim.cooldown_frac, round19.optim.cooldown_frac) == (0.3, 0.6)
+    assert {**round17, "optim": {**round17.optim, "cooldown_frac": 0.6}} == {**round19}

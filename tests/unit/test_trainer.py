@@ -169,7 +169,8 @@ def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
     assert calls == [lr_at(0, 1.0, cfg.optim)] and info["tokens_per_step"] == cfg.batch_size * cfg.model.block_size
 
 
-def test_split_loss_scores_every_token_once(tmp_path):
+@pytest.mark.parametrize("batch_tokens", [64, 10])  # two windows a batch; fewer tokens than a window: one
+def test_split_loss_scores_every_token_once(tmp_path, batch_tokens):
     from training.evaluate import split_loss
 
     trainer = tiny_trainer(tmp_path)
@@ -181,7 +182,8 @@ def test_split_loss_scores_every_token_once(tmp_path):
         x = torch.from_numpy(tokens[start : start + length].astype("int64"))[None]
         y = torch.from_numpy(tokens[start + 1 : start + 1 + length].astype("int64"))[None]
         by_hand += model(x, y)[1].item() * length
-    assert split_loss(model, tokens, 32, torch.device("cpu"), batch_size=2) == pytest.approx(by_hand / 100, rel=1e-6)
+    loss = split_loss(model, tokens, 32, torch.device("cpu"), batch_tokens=batch_tokens)
+    assert loss == pytest.approx(by_hand / 100, rel=1e-6)
 
 
 @pytest.mark.parametrize("mode,budget", [("iso_flop", "flop_budget=1e9"), ("iso_time", "time_budget_s=600")])
