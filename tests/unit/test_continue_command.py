@@ -188,7 +188,7 @@ def test_the_readmes_closing_lines_are_what_the_default_run_prints(tmp_path, mon
     readme = (ROOT / "README.md").read_text()
     (shown,) = [line for line in readme.splitlines() if line.startswith("  continue: python train.py out_dir=")]
     monkeypatch.chdir(tmp_path)
-    run = finished_run(readme_sample_run(), step=3920, elapsed_s=279.9, max_steps=None, budget_s=280)
+    run = finished_run(readme_sample_run(), step=4362, elapsed_s=279.9, max_steps=None, budget_s=280)
     assert f"  continue: {continue_line(run, [])}" == shown
 
 
