@@ -19,6 +19,10 @@ from torch import Tensor
 from data.tokenizer import Tokenizer
 from model import GPT
 
+# The most tokens a map is drawn for. Its weights grow as the square of the prompt (n_head x T x T a layer: 16 MB of
+# float32 for 4 heads at 1,024, 268 MB at the default's 4,096-token context), and a wider panel shows the eye no more.
+MAX_MAP_TOKENS = 1024
+
 
 @dataclass
 class AttentionWalk:

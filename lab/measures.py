@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from analysis.attention import attention_walk
+from analysis.attention import MAX_MAP_TOKENS, attention_walk
 from analysis.head_importance import masked_loss
 from analysis.head_mask import head_gates
 from model import GPT
@@ -58,6 +58,11 @@ def attention_layer(model: GPT, idx: Tensor, layer: int) -> tuple[Tensor, dict]:
     took (n_head lists of T), the output gate per head and per token (and its mean over the prompt's tokens),
     and the value-embedding gate's mean per key/value head; None where the model has no such variant."""
     check_length(model, idx)
+    if idx.shape[0] > MAX_MAP_TOKENS:  # the page would be sent n_head x T x T weights
+        raise ValueError(
+            f"the prompt has {idx.shape[0]} tokens; the attention view draws at most {MAX_MAP_TOKENS} (its weights "
+            "grow as the square of the prompt); give a shorter prompt"
+        )
     if not 0 <= layer < model.config.n_layer:
         raise ValueError(f"layer {layer} does not exist; the model has layers 0..{model.config.n_layer - 1}")
     walk = attention_walk(model, idx)

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.attention import attention_maps, token_label, token_text
+from analysis.attention import MAX_MAP_TOKENS, attention_maps, token_label, token_text
 from analysis.outputs import check_replaceable
 from analysis.trained import load_trained
 from cli.errors import exit_with_error
@@ -76,9 +76,11 @@ def write_attention_map(
     model, tokenizer = trained.model, trained.tokenizer
     ids = encode_prompt(tokenizer, prompt, model.config.vocab_size)
     block_size = model.config.block_size
-    if len(ids) > block_size:
-        log.warning("prompt has %d tokens; keeping the last block_size=%d", len(ids), block_size)
-        ids = ids[-block_size:]
+    keep = min(block_size, MAX_MAP_TOKENS)
+    if len(ids) > keep:
+        why = f"block_size={block_size}" if keep == block_size else f"a map draws at most {MAX_MAP_TOKENS}"
+        log.warning("prompt has %d tokens; keeping the last %d (%s)", len(ids), keep, why)
+        ids = ids[-keep:]
     maps, _ = attention_maps(model, torch.tensor(ids))
     labels = [token_label(token_text(tokenizer, i)) for i in ids]
     c = model.config

@@ -163,6 +163,23 @@ def test_script_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys, args
     assert snapshot(tmp_path) == before
 
 
+def test_a_long_prompt_keeps_the_last_tokens_a_map_draws(tmp_path, caplog, monkeypatch):
+    # block_size caps the prompt, and so does MAX_MAP_TOKENS (1,024, here 8): the default's 4,096-token context drew
+    # four 4,096 x 4,096 panels a layer, 41 s and 3.3 GB for a picture no wider to the eye
+    import scripts.attention_map
+
+    ckpt = char_checkpoint(tmp_path)  # block_size 16
+    with caplog.at_level("WARNING", logger="attention_map"):
+        write_attention_map(ckpt, "the king is not my lord", tmp_path / "a.png")
+        monkeypatch.setattr(scripts.attention_map, "MAX_MAP_TOKENS", 8)
+        write_attention_map(ckpt, "the king is not my lord", tmp_path / "b.png")
+    assert caplog.messages == [
+        "prompt has 23 tokens; keeping the last 16 (block_size=16)",
+        "prompt has 23 tokens; keeping the last 8 (a map draws at most 8)",
+    ]
+    assert (tmp_path / "b.png").stat().st_size < (tmp_path / "a.png").stat().st_size
+
+
 def test_script_says_exactly_what_it_wrote(tmp_path, caplog):
     from scripts.attention_map import main
 

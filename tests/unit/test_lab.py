@@ -201,6 +201,23 @@ def test_an_emptied_max_tokens_field_is_named_as_empty_not_as_none():
             api.sampling_settings({"max_tokens": cleared})
 
 
+def test_the_attention_view_refuses_a_prompt_longer_than_a_map_draws(url, session, monkeypatch):
+    # Defect: with the default's 4,096-token context a long prompt would have sent the page n_head x 4,096^2 float32
+    # weights a layer (358 MB of base64); the view draws at most MAX_MAP_TOKENS (1,024), here made 8.
+    import lab.measures
+
+    monkeypatch.setattr(lab.measures, "MAX_MAP_TOKENS", 8)
+    assert lab.measures.attention_layer(session.model, session.encode("the king"), 0)[0].shape[-1] == 8
+    status, body = post(url, "/api/attention", {"prompt": "the king is"})
+    assert (status, json.loads(body)) == (
+        400,
+        {
+            "error": "the prompt has 11 tokens; the attention view draws at most 8 (its weights grow as the square of "
+            "the prompt); give a shorter prompt"
+        },
+    )
+
+
 def test_http_errors_are_json_and_the_server_keeps_serving(url, run_dir, monkeypatch):
     status, body = post(url, "/api/sample", {"prompt": "the KING"})
     assert status == 400 and json.loads(body) == {
