@@ -295,12 +295,9 @@ def test_round_13s_default_is_round_17s_with_a_context_of_128():
     assert {**round13, "model": round17.model} == {**round17}
 
 
-def test_round_14_trains_exactly_as_round_13_did():
-    # Round 14 changes where the model is scored (windows of 1,024), not what it learns: on its 128-token training
-    # sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with the same angles.
-    from bench.bench_quality import RECIPES
-
-    new, old = compose_config(RECIPES["round14"]).model, compose_config(RECIPES["round13"]).model
+def models_that_train_alike(new, old) -> list[GPT]:
+    """Both model configs built from one seed, checked to give the same loss and every gradient to the last bit on
+    a batch of `new`'s training sequences; returns the two models."""
     models = []
     for m in (new, old):
         torch.manual_seed(0)
@@ -312,6 +309,16 @@ def test_round_14_trains_exactly_as_round_13_did():
     assert losses[0].item() == losses[1].item()
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(a.grad, b.grad)
+    return models
+
+
+def test_round_14_trains_exactly_as_round_13_did():
+    # Round 14 changes where the model is scored (windows of 1,024), not what it learns: on its 128-token training
+    # sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with the same angles.
+    from bench.bench_quality import RECIPES
+
+    new, old = compose_config(RECIPES["round14"]).model, compose_config(RECIPES["round13"]).model
+    models = models_that_train_alike(new, old)
     # past 128 tokens they part: layer 3 of the new one still sees 128 keys, the old one's every earlier key
     long = torch.randint(0, V, (1, 300), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -328,17 +335,7 @@ def test_round_20_computes_what_round_19_did_on_any_length():
     new, old = compose_config(RECIPES["default"]).model, compose_config(RECIPES["round19"]).model
     assert (new.block_size, old.block_size) == (4096, 1024)
     assert {**new, "block_size": 1024} == {**old}
-    models = []
-    for m in (new, old):
-        torch.manual_seed(0)
-        models.append(GPT(GPTConfig(**{**m, "vocab_size": V})))
-    idx = torch.randint(0, V, (2, new.train_block_size + 1), generator=torch.Generator().manual_seed(1))
-    losses = [model(idx[:, :-1], idx[:, 1:])[1] for model in models]
-    for loss in losses:
-        loss.backward()
-    assert losses[0].item() == losses[1].item()
-    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        assert torch.equal(a.grad, b.grad)
+    models = models_that_train_alike(new, old)
     long = torch.randint(0, V, (1, 1500), generator=torch.Generator().manual_seed(2))  # past the old context too
     with torch.no_grad():
         new_logits, old_logits = (model(long)[0] for model in models)
