@@ -340,9 +340,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What --score and --classical ignore: the options of a comparison's runs (and, for --score, the overrides and
+# --classical too: it scores the run as that run was configured).
+RUN_OPTIONS = ("budget", "recipes", "seeds", "reference", "json", "keep", "jobs", "equal_time_steps", "define")
+RUN_OPTIONS += ("time_only", "steps_from")
+
+
+def refuse_what_a_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A one-line error for an option the mode asked for would drop: `--score RUN --seeds 1 2` scored RUN once."""
+    mode = "--score" if args.score else "--classical" if args.classical else None
+    ignored = [name for name in RUN_OPTIONS if mode and getattr(args, name) != parser.get_default(name)]
+    if args.score and args.classical:
+        ignored.append("classical")
+    if args.score and args.overrides:
+        parser.error(f"--score scores RUN as it was configured; overrides ({' '.join(args.overrides)}) do not apply")
+    if ignored:
+        option = "--" + ignored[0].replace("_", "-")
+        parser.error(f"{option} has no effect with {mode}, which trains nothing; drop one of them")
+
+
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
+    refuse_what_a_mode_ignores(parser, args)
     if args.time_step:
         print(json.dumps(time_step(json.loads(args.time_step))))
         return

@@ -251,6 +251,12 @@ def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
         (["--reference", "bogus"], "recipe 'bogus' is unknown; choose one of: "),
         (["--budget", "inf"], "--budget inf must be finite and exceed the 20 s"),
         (["--", "model.nhead=3"], "recipe default: unknown config key model.nhead (did you mean model.n_head?)"),
+        # Defect: each option was dropped without a word (`--score RUN --seeds 1 2` scored RUN once)
+        (["--score", "RUN", "--budget", "60"], "--budget has no effect with --score, which trains nothing"),
+        (["--score", "RUN", "--seeds", "1", "2"], "--seeds has no effect with --score"),
+        (["--score", "RUN", "--classical"], "--classical has no effect with --score"),
+        (["--score", "RUN", "--", "model.block_size=128"], "overrides (model.block_size=128) do not apply"),
+        (["--classical", "--recipes", "default"], "--recipes has no effect with --classical"),
     ],
 )
 def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, message):
