@@ -56,6 +56,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from rundir.files import SUMMARY
 from studies.fairness import measure_seconds_per_step
+from training.config import TrainConfig
 from training.runtime import device_name, resolve_device
 from training.trainer import Trainer
 
@@ -365,14 +366,12 @@ def main() -> None:
     refuse_what_a_mode_ignores(parser, args)
     if args.time_step:
         print(json.dumps(time_step(json.loads(args.time_step))))
-        return
-    if args.score:
+    elif args.score:
         try:
             print(json.dumps(score(args.score)))
         except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
             exit_with_error(e)
-        return
-    if args.classical:  # the compressors alone: no model, no budget
+    elif args.classical:  # the compressors alone: no model, no budget
         try:
             data_cfg = load_config(args.overrides).data
         except ValueError as e:
@@ -381,7 +380,15 @@ def main() -> None:
             print_baselines(baselines(data_cfg))
         except (ValueError, OSError) as e:  # data that cannot be prepared
             exit_with_error(e)
-        return
+    else:
+        configs = checked_configs(parser, args)
+        steps_from = read_steps(args.steps_from, args.recipes, parser) if args.steps_from else None
+        compare(args, configs, steps_from)
+
+
+def checked_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, TrainConfig]:
+    """Each recipe's config, after every check a comparison needs: a bad value is refused in one line now, not
+    after the first runs' minutes. --define'd recipes join RECIPES."""
     if not STARTUP_S < args.budget < math.inf:  # NaN fails both
         parser.error(f"--budget {args.budget} must be finite and exceed the {STARTUP_S} s reserved for start-up")
     for definition in args.define:
@@ -393,7 +400,7 @@ def main() -> None:
         if name not in RECIPES:
             parser.error(f"recipe {name!r} is unknown; choose one of: {', '.join(sorted(RECIPES))} (or --define it)")
     configs = {}
-    for name in args.recipes:  # a bad override is refused now, not after the first runs' minutes
+    for name in args.recipes:
         try:
             configs[name] = load_config([*RECIPES[name], *args.overrides])
         except ValueError as e:
@@ -402,7 +409,12 @@ def main() -> None:
     chosen += ["--equal-time-steps"] if args.equal_time_steps else []
     if len(chosen) > 1:  # each decides the steps its own way
         parser.error(f"{' and '.join(chosen)} each choose the steps; give one of them")
-    steps_from = read_steps(args.steps_from, args.recipes, parser) if args.steps_from else None
+    return configs
+
+
+def compare(args: argparse.Namespace, configs: dict[str, TrainConfig], steps_from: dict[str, int] | None) -> None:
+    """The comparison: the classical floor of each split, then every recipe and seed trained and scored, and the
+    table (or, with --time-only, the steps each recipe's measured speed buys, written to JSON)."""
     cpu = device_name(torch.device("cpu"))
     print(
         f"attnlab bench_quality: {time.strftime('%Y-%m-%d %H:%M')}, {cpu}, {torch.get_num_threads()} threads, "
@@ -414,26 +426,9 @@ def main() -> None:
     splits = {classical.cache_path(cfg.data): cfg.data for cfg in configs.values()}  # recipes share a split
     for data_cfg in splits.values():  # measured (or read from the cache) now, so the scorers only read it
         print_baselines(baselines(data_cfg))
-    length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
-    if args.equal_time_steps or args.time_only:
-        speeds = seconds_per_step(args.recipes, args.overrides)
-        timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
-        timed_on = torch.get_num_threads()
-        for name, (seconds, compile_s) in speeds.items():
-            steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation
-            timing["recipes"][name] = {"ms_per_step": seconds * 1000, "compile_s": compile_s, "steps": steps}
-            timing["recipes"][name]["overrides"] = RECIPES[name]
-            length[name] = [f"max_steps={steps}", "budget_s=null"]
-            compiled = f" after {compile_s:.0f} s compiling" if compile_s else ""
-            print(f"  {name}: {seconds * 1000:.1f} ms/step on {timed_on} threads{compiled} -> {steps} steps")
-        if args.time_only:
-            args.time_only.write_text(json.dumps(timing, indent=2) + "\n")
-            print(f"steps per recipe written to {args.time_only}; train them with --steps-from {args.time_only}")
-            return
-    if steps_from:
-        for name, steps in steps_from.items():
-            length[name] = [f"max_steps={steps}", "budget_s=null"]
-            print(f"  {name}: {steps} steps (timed in {args.steps_from})")
+    length = run_lengths(args, cpu, steps_from)
+    if args.time_only:
+        return
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     print(f"{args.jobs} run(s) at a time, {threads} thread(s) each", flush=True)
     rows = []
@@ -455,6 +450,31 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     assert all(math.isfinite(r["val_bpb"]) for r in rows)
+
+
+def run_lengths(args: argparse.Namespace, cpu: str, steps_from: dict[str, int] | None) -> dict[str, list[str]]:
+    """Each recipe's length as overrides: the budget itself, the steps its measured speed buys in it
+    (--equal-time-steps, --time-only, which also writes them to JSON), or the steps --steps-from read."""
+    length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
+    if args.equal_time_steps or args.time_only:
+        speeds = seconds_per_step(args.recipes, args.overrides)
+        timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
+        timed_on = torch.get_num_threads()
+        for name, (seconds, compile_s) in speeds.items():
+            steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation
+            timing["recipes"][name] = {"ms_per_step": seconds * 1000, "compile_s": compile_s, "steps": steps}
+            timing["recipes"][name]["overrides"] = RECIPES[name]
+            length[name] = [f"max_steps={steps}", "budget_s=null"]
+            compiled = f" after {compile_s:.0f} s compiling" if compile_s else ""
+            print(f"  {name}: {seconds * 1000:.1f} ms/step on {timed_on} threads{compiled} -> {steps} steps")
+        if args.time_only:
+            args.time_only.write_text(json.dumps(timing, indent=2) + "\n")
+            print(f"steps per recipe written to {args.time_only}; train them with --steps-from {args.time_only}")
+    if steps_from:
+        for name, steps in steps_from.items():
+            length[name] = [f"max_steps={steps}", "budget_s=null"]
+            print(f"  {name}: {steps} steps (timed in {args.steps_from})")
+    return length
 
 
 if __name__ == "__main__":
