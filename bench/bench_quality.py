@@ -348,7 +348,7 @@ RUN_OPTIONS += ("time_only", "steps_from")
 
 
 def refuse_what_a_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A one-line error for an option the mode asked for would drop: `--score RUN --seeds 1 2` scored RUN once."""
+    """A one-line error naming an option the chosen mode would drop: `--score RUN --seeds 1 2` scored RUN once."""
     mode = "--score" if args.score else "--classical" if args.classical else None
     ignored = [name for name in RUN_OPTIONS if mode and getattr(args, name) != parser.get_default(name)]
     if args.score and args.classical:
