@@ -343,16 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What --score and --classical ignore: the options of a comparison's runs (and, for --score, the overrides and
 # --classical too: it scores the run as that run was configured).
-RUN_OPTIONS = ("budget", "recipes", "seeds", "reference", "json", "keep", "jobs", "equal_time_steps", "define")
-RUN_OPTIONS += ("time_only", "steps_from")
+RUN_OPTIONS = ("budget", "recipes", "seeds", "reference", "json", "keep", "jobs", "define")
+RUN_OPTIONS += ("equal_time_steps", "time_only", "steps_from")  # each chooses the runs' steps
 
 
 def refuse_what_a_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A one-line error naming an option the chosen mode would drop: `--score RUN --seeds 1 2` scored RUN once."""
     mode = "--score" if args.score else "--classical" if args.classical else None
-    ignored = [name for name in RUN_OPTIONS if mode and getattr(args, name) != parser.get_default(name)]
-    if args.score and args.classical:
-        ignored.append("classical")
+    ignorable = (*RUN_OPTIONS, "classical") if args.score else RUN_OPTIONS
+    ignored = [name for name in ignorable if mode and getattr(args, name) != parser.get_default(name)]
     if args.score and args.overrides:
         parser.error(f"--score scores RUN as it was configured; overrides ({' '.join(args.overrides)}) do not apply")
     if ignored:
