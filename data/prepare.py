@@ -106,38 +106,8 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{fp}-"))
     builder = hold_build_lock(tmp)
     try:
-        counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
-        with open(tmp / "train.bin", "wb") as train_f, open(tmp / "val.bin", "wb") as val_f:
-            files = {"train": train_f, "val": val_f}
-            # A single document is written as two pieces (see the module docstring).
-            pieces = docs.num_rows + (docs.num_rows == 1)
-            bar = tqdm(total=pieces, desc="tokenizing", unit="doc", disable=not progress)
-            for split, texts in split_chunks(docs, cfg):
-                counts[split]["documents"] += len(texts)
-                counts[split]["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
-                if split == "train" and segmenter:
-                    counts[split]["tokens"] += _write_segmentations(
-                        files[split], segmenter, texts, cfg.bpe_dropout_copies, tokenizer.eot_id, dtype
-                    )
-                else:
-                    counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
-                bar.update(len(texts))
-            bar.close()
-        meta = {
-            "format": FORMAT_VERSION,
-            "fingerprint": fp,
-            "source": key["source"],
-            "tokenizer": tokenizer.to_meta(),
-            "vocab_size": tokenizer.vocab_size,
-            "eot_id": tokenizer.eot_id,
-            "dtype": dtype.name,
-            "val_fraction": cfg.val_fraction,
-            "split_seed": cfg.split_seed,
-            **{name: key[name] for name in ("bpe_dropout", "bpe_dropout_copies") if name in key},
-            "num_documents": {split: counts[split]["documents"] for split in SPLITS},
-            **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
-            **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
-        }
+        counts = _write_splits(tmp, docs, cfg, tokenizer, segmenter, dtype, progress)
+        meta = _meta(cfg, key, fp, tokenizer, dtype, counts)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -154,6 +124,55 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         meta["val_tokens"],
     )
     return load_prepared(directory, cache_dir)
+
+
+def _write_splits(
+    tmp: Path,
+    docs: "datasets.Dataset",
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    segmenter: BPEDropout | None,
+    dtype: np.dtype,
+    progress: bool,
+) -> dict:
+    """Tokenize each split's documents into tmp/{train,val}.bin; each split's token, byte and document counts."""
+    counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
+    with open(tmp / "train.bin", "wb") as train_f, open(tmp / "val.bin", "wb") as val_f:
+        files = {"train": train_f, "val": val_f}
+        # A single document is written as two pieces (see the module docstring).
+        pieces = docs.num_rows + (docs.num_rows == 1)
+        bar = tqdm(total=pieces, desc="tokenizing", unit="doc", disable=not progress)
+        for split, texts in split_chunks(docs, cfg):
+            counts[split]["documents"] += len(texts)
+            counts[split]["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
+            if split == "train" and segmenter:
+                counts[split]["tokens"] += _write_segmentations(
+                    files[split], segmenter, texts, cfg.bpe_dropout_copies, tokenizer.eot_id, dtype
+                )
+            else:
+                counts[split]["tokens"] += _write_tokens(files[split], tokenizer, texts, dtype)
+            bar.update(len(texts))
+        bar.close()
+    return counts
+
+
+def _meta(cfg: DataConfig, key: dict, fp: str, tokenizer: Tokenizer, dtype: np.dtype, counts: dict) -> dict:
+    """meta.json: what a prepared directory holds, read back by load_prepared."""
+    return {
+        "format": FORMAT_VERSION,
+        "fingerprint": fp,
+        "source": key["source"],
+        "tokenizer": tokenizer.to_meta(),
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "dtype": dtype.name,
+        "val_fraction": cfg.val_fraction,
+        "split_seed": cfg.split_seed,
+        **{name: key[name] for name in ("bpe_dropout", "bpe_dropout_copies") if name in key},
+        "num_documents": {split: counts[split]["documents"] for split in SPLITS},
+        **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
+        **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
+    }
 
 
 BUILD_LOCK = ".building"  # flocked by the process writing a temp dir, for as long as it writes
