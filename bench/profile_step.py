@@ -1,5 +1,7 @@
 """Where one training step's time goes: `Trainer.advance`, the step `python train.py` runs (forward,
-backward, clipping, the optimizer, the weight average), under torch.profiler, its ops by self time.
+backward, clipping, the optimizer, the weight average), compiled where the config compiles it, under
+torch.profiler, its ops by self time. A compiled step lists inductor's fused kernels; `compile=false` lists
+the eager ops they came from.
 
     python bench/profile_step.py                      # the default model and data
     python bench/profile_step.py --steps 20 -- model.n_layer=6
@@ -18,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch
+from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from bench.bench_train import load_config
@@ -54,6 +57,8 @@ def main() -> None:
         parser.error(str(e))
     device = resolve_device(cfg.device)
     trainer = Trainer(cfg, prepare(cfg.data), device)
+    inductor_config.cpp.enable_kernel_profile = True  # each generated CPU kernel a row, not one for the whole graph
+    trainer.prepare()  # compiles, where the config does, as train.py's step is
     advance(trainer, args.warmup)
     median_ms = 1000 * measure_seconds_per_step(trainer, max(args.steps, 10))  # the iso-time calibration's timer
     cuda = device.type == "cuda"
@@ -73,7 +78,8 @@ def main() -> None:
     )
     print(
         f"{cfg.batch_size} x {cfg.model.train_length} tokens a step; median step {median_ms:.1f} ms "
-        f"(unprofiled); matrix products {100 * matmul / total:.0f}% of the profiled op time"
+        f"(unprofiled), {'compiled' if trainer.compiled else 'eager'}; matrix products {100 * matmul / total:.0f}% "
+        "of the profiled op time"
     )
     print(f"\n{'op':<52} {'ms/step':>8} {'share':>6} {'calls/step':>10}")
     for op in ops[: args.rows]:

@@ -318,12 +318,26 @@ def test_profile_step_names_the_machine_and_the_steps_ops_with_their_shares(tiny
     )
     lines = result.stdout.splitlines()
     assert device_name(torch.device("cpu")) in lines[0]
-    assert re.search(r"median step [\d.]+ ms \(unprofiled\); matrix products \d+% of the profiled op time", lines[1])
+    # +debug=tiny does not compile, and the line says so: the op names below are the eager graph's
+    share = r"matrix products \d+% of the profiled op time"
+    assert re.search(r"median step [\d.]+ ms \(unprofiled\), eager; " + share, lines[1])
     header = lines.index(next(line for line in lines if line.startswith("op ")))
     rows = [line.split() for line in lines[header + 1 :]]
     assert 5 < len(rows) < 500 and "aten::mm" in [r[0] for r in rows]  # the model's linears
     shares = [float(r[-2].rstrip("%")) for r in rows]  # from the right: some ops' names have spaces
     assert shares == sorted(shares, reverse=True) and 98 <= sum(shares) <= 102  # all of the op time, each to 0.1%
+
+
+def test_profile_step_profiles_the_compiled_step_where_the_config_compiles(tiny_run_overrides):
+    # train.py steps a compiled graph by default; a profile of the eager one described a step no run takes
+    args = ["--steps", "2", "--warmup", "1", "--rows", "500", "--", *tiny_run_overrides, "compile=true"]
+    result = subprocess.run(
+        [sys.executable, "bench/profile_step.py", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    lines = result.stdout.splitlines()
+    assert re.search(r"median step [\d.]+ ms \(unprofiled\), compiled; ", lines[1])
+    header = lines.index(next(line for line in lines if line.startswith("op ")))
+    assert any("cpp_fused" in line for line in lines[header + 1 :])  # inductor's kernels, not the eager ops
 
 
 def test_bench_step_pair_times_both_in_alternating_rounds_and_prints_one_ratio(tiny_run_overrides):
