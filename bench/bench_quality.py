@@ -349,9 +349,11 @@ RUN_OPTIONS += ("equal_time_steps", "time_only", "steps_from")  # each chooses t
 
 def refuse_what_a_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A one-line error naming an option the chosen mode would drop: `--score RUN --seeds 1 2` scored RUN once."""
-    mode = "--score" if args.score else "--classical" if args.classical else None
+    if not (args.score or args.classical):
+        return
+    mode = "--score" if args.score else "--classical"
     ignorable = (*RUN_OPTIONS, "classical") if args.score else RUN_OPTIONS
-    ignored = [name for name in ignorable if mode and getattr(args, name) != parser.get_default(name)]
+    ignored = [name for name in ignorable if getattr(args, name) != parser.get_default(name)]
     if args.score and args.overrides:
         parser.error(f"--score scores RUN as it was configured; overrides ({' '.join(args.overrides)}) do not apply")
     if ignored:
