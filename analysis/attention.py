@@ -51,8 +51,9 @@ def attention_walk(model: GPT, idx: Tensor) -> AttentionWalk:
     idx = idx[None].to(model.tok_emb.weight.device)  # (1, T)
     positions = torch.arange(T, device=idx.device)[None]  # (1, T)
     x, rotary = model.embed(idx, positions)  # (1, T, d_model), RoPE's (cos, sin) or None
-    maps, output_gates, value_gates = [], [], []
-    for block in model.blocks:
+    x0, maps, output_gates, value_gates = x, [], [], []
+    for layer, block in enumerate(model.blocks):
+        x = model.block_input(layer, x, x0)  # under x0_mix, the learned mix of the stream and the embedded tokens
         attn, normed = block.attn, block.ln_1(x)
         maps.append(attn.weights(normed, rotary)[0])  # (H, T, T), with the layer's soft cap, sinks, window
         if attn.gate_proj is not None:
@@ -60,7 +61,7 @@ def attention_walk(model: GPT, idx: Tensor) -> AttentionWalk:
         if attn.value_embed is not None:
             value_gates.append(attn.value_embed_gate(normed)[0, ..., 0])  # (H_kv, T)
         x = block(x, rotary=rotary, tokens=idx)  # tokens: a value-embedding variant reads them
-    logits = model.lm_head(model.ln_f(x))[0]  # (T, vocab)
+    logits = model.head(x)[0]  # (T, vocab), with the logits' soft cap where the model has one
     model.train(was_training)
     weights = torch.stack(maps)
     return AttentionWalk(

@@ -132,20 +132,29 @@ class GPT(nn.Module):
         x, rotary = self.embed(idx, positions, leading=cache is None and padding_mask is None, previous=previous)
         x0 = x
         for layer, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
-            if self.x0_scales is not None:
-                x = self.resid_scales[layer] * x + self.x0_scales[layer] * x0
-            x = block(x, padding_mask, layer_cache, rotary, idx)
+            x = block(self.block_input(layer, x, x0), padding_mask, layer_cache, rotary, idx)
+        assert targets is None or not last_only, "last_only is for sampling; a loss needs every position"
+        logits = self.head(x, last_only)
+        loss = None
+        if targets is not None:
+            loss = self.loss(logits, targets)
+        return logits, loss
+
+    def block_input(self, layer: int, x: Tensor, x0: Tensor) -> Tensor:
+        """What block `layer` reads: the residual stream, under x0_mix mixed with the embedded tokens x0."""
+        if self.x0_scales is None:
+            return x
+        return self.resid_scales[layer] * x + self.x0_scales[layer] * x0
+
+    def head(self, x: Tensor, last_only: bool = False) -> Tensor:
+        """The last block's output (B, T, d_model) -> logits (B, T or 1, vocab): the norm, the LM head, the soft cap."""
         if last_only:
-            assert targets is None, "last_only is for sampling; a loss needs every position"
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
         if self.config.logit_softcap is not None:  # smooth clamp to (-cap, cap): no logit runs away
             cap = self.config.logit_softcap  # in fp32: under bf16 autocast the cap would round every logit
             logits = cap * torch.tanh(logits.float() / cap)
-        loss = None
-        if targets is not None:
-            loss = self.loss(logits, targets)
-        return logits, loss
+        return logits
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy over targets != -1; in training, plus z_loss * mean(logsumexp^2), which

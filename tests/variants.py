@@ -91,4 +91,6 @@ def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, voca
     model = GPT(cfg).eval()
     if model.bigram_emb is not None:  # it starts at zero, which would hide a pair read from the wrong token
         torch.nn.init.normal_(model.bigram_emb.table.weight, std=0.5)
+    if model.x0_scales is not None:  # they start as the plain stream, which would hide a block that skips the mix
+        torch.nn.init.normal_(model.x0_scales, std=0.5)
     return model
