@@ -61,7 +61,7 @@ def attention_walk(model: GPT, idx: Tensor) -> AttentionWalk:
         if attn.value_embed is not None:
             value_gates.append(attn.value_embed_gate(normed)[0, ..., 0])  # (H_kv, T)
         x = block(x, rotary=rotary, tokens=idx)  # tokens: a value-embedding variant reads them
-    logits = model.head(x)[0]  # (T, vocab), with the logits' soft cap where the model has one
+    logits = model.head(x, idx)[0]  # (T, vocab): the soft cap and the continuous cache as the model has them
     model.train(was_training)
     weights = torch.stack(maps)
     return AttentionWalk(

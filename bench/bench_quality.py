@@ -64,8 +64,10 @@ STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside t
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
 # recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+# Round 23 mixes the continuous cache into the same model's predictions (model/pointer.py; configs/model/small.yaml).
+ROUND_23_UNDONE = ["model.pointer_weight=0"]
 # Round 20 scores the same training in windows of 4,096 tokens instead of 1,024 (configs/model/small.yaml).
-ROUND_20_UNDONE = ["model.block_size=1024"]
+ROUND_20_UNDONE = [*ROUND_23_UNDONE, "model.block_size=1024"]
 # Round 18 cools down over the last 60% of training instead of 30% (configs/optim/muon.yaml).
 ROUND_18_UNDONE = [*ROUND_20_UNDONE, "optim.cooldown_frac=0.3"]
 # Round 15 adds a hashed bigram table to the model's input (model/bigram.py).
@@ -84,6 +86,8 @@ ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern
 RECIPES = {
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
+    # The default before round 23 (docs/recipe/round23.md): the same training, predictions without the continuous cache.
+    "round22": [*ROUND_23_UNDONE],
     # The default before round 20 (docs/recipe/round20.md): a context of 1,024, scored in windows of 1,024.
     "round19": [*ROUND_20_UNDONE],
     # The default before round 18 (docs/recipe/round18.md): a cooldown over the last 30% of training.

@@ -95,10 +95,10 @@ class HFAdapter(torch.nn.Module):
         from transformers import GPT2LMHeadModel
 
         # The same shape in GPT-2's layout, which has learned positions and no QK-norm (our default has RoPE and
-        # QK-norm); to_hf_config refuses the rest GPT-2 cannot express (d_k != d_model / n_head, GQA, ...).
-        hf_cfg = to_hf_config(
-            dataclasses.replace(cfg.model, pos_encoding="learned", qk_norm=False, tie_embeddings=True, attn_gate=None)
-        )
+        # QK-norm; its continuous cache only predicts); to_hf_config refuses the rest GPT-2 cannot express (d_k !=
+        # d_model / n_head, GQA, ...).
+        gpt2_layout = {"pos_encoding": "learned", "qk_norm": False, "tie_embeddings": True, "attn_gate": None}
+        hf_cfg = to_hf_config(dataclasses.replace(cfg.model, **gpt2_layout, pointer_weight=0.0))
         hf_cfg.activation_function = activation  # a name for GELU's tanh form, as ours
         hf_cfg.resid_pdrop = hf_cfg.embd_pdrop = hf_cfg.attn_pdrop = 0.0
         hf_cfg._attn_implementation = "sdpa"

@@ -94,9 +94,10 @@ def check_gpt2_compatible(config: GPTConfig) -> None:
     """Raise ValueError naming every setting GPT2LMHeadModel cannot represent, and the overrides that
     train a model it can (all at once: a user fixing them one at a time would retrain once each)."""
     gpt2 = {"pos_encoding": "learned", "n_kv_head": None, "qk_norm": False, "activation": "gelu_tanh"}
-    gpt2 |= {"norm": "layernorm", "tie_embeddings": True, "logit_softcap": None, "d_k": None}
+    gpt2 |= {"norm": "layernorm", "tie_embeddings": True, "logit_softcap": None, "d_k": None, "pointer_weight": 0.0}
     why = {"pos_encoding": "learned positions", "n_kv_head": f"one key/value head per query head ({config.n_head})"}
     why |= {"qk_norm": "no QK-norm", "d_k": f"heads of d_model / n_head = {config.d_model / config.n_head:g} dims"}
+    why |= {"pointer_weight": "no continuous cache"}
     wrong = {name: want for name, want in gpt2.items() if getattr(config, name) != want}
     if config.kv_heads == config.n_head:  # n_kv_head / d_k set to what GPT-2 has anyway
         wrong.pop("n_kv_head", None)

@@ -80,6 +80,11 @@ class GPTConfig:
     # Multi-head latent attention (DeepSeek-V2): keys and values up-projected from a latent c = x W_DKV of this
     # width, which is all the KV cache keeps (plus a rotated rope key under RoPE: model/latent_attention.py). None: off.
     mla_latent: int | None = None
+    # The continuous cache (model/pointer.py; Grave et al. 2017): in eval mode the prediction mixes in, with this
+    # weight, a pointer to the tokens that followed the earlier positions whose final states match this one's
+    # (softmax(pointer_scale * cosine)). 0: off. No parameters; training is unchanged.
+    pointer_weight: float = 0.0
+    pointer_scale: float = 15.0
 
     @property
     def attention_dropout(self) -> float:
@@ -258,6 +263,10 @@ class GPTConfig:
             raise ValueError(
                 f"model.long_window_size={self.long_window_size} is invalid; it must be >= 1 or null (all the context)"
             )
+        if not 0 <= self.pointer_weight < 1:
+            raise ValueError(f"model.pointer_weight={self.pointer_weight} is invalid; it must be in [0, 1) (0 for off)")
+        if not 0 < self.pointer_scale < math.inf:
+            raise ValueError(f"model.pointer_scale={self.pointer_scale} is invalid; it must be a finite number > 0")
         self.check_train_block_size()
         # PyTorch's fused kernel computes softmax(QK^T / sqrt(d_k) + mask) V and nothing else.
         for name in ("attn_softcap", "attn_sinks"):

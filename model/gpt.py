@@ -21,6 +21,7 @@ from model.block import Block, build_norm
 from model.config import GPTConfig
 from model.differential import DifferentialLambda
 from model.kv_cache import KVCache, cache_layout, token_positions
+from model.pointer import mix_pointer, pointer_states
 from model.position import RotaryEmbedding, SinusoidalPositions
 
 __all__ = ["GPT", "GPTConfig"]  # GPTConfig lives in model/config.py; `from model.gpt import GPTConfig` stays
@@ -101,13 +102,15 @@ class GPT(nn.Module):
         padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        pointer: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """idx: (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given (-1 = ignore).
 
         padding_mask: (B, T) bool, True for real tokens; pad on the left, so every row ends with a real
         token. Positions count from each row's first real token. cache: a KVCache from new_cache();
         idx then continues the cached tokens, whose keys/values are reused and extended. last_only:
-        logits for the last position only, (B, 1, vocab), which is all sampling needs.
+        logits for the last position only, (B, 1, vocab), which is all sampling needs. pointer: False leaves
+        out the continuous cache even in eval mode (sampling's default: generation/generate.py).
 
         Learned positions end at block_size; sinusoidal and rotary ones take any length (how well a
         model does past the context it was trained on is another matter: see generation/generate.py).
@@ -134,7 +137,7 @@ class GPT(nn.Module):
         for layer, (block, layer_cache) in enumerate(zip(self.blocks, layer_caches, strict=True)):
             x = block(self.block_input(layer, x, x0), padding_mask, layer_cache, rotary, idx)
         assert targets is None or not last_only, "last_only is for sampling; a loss needs every position"
-        logits = self.head(x, last_only)
+        logits = self.head(x, idx, padding_mask, cache, last_only, pointer)
         loss = None
         if targets is not None:
             loss = self.loss(logits, targets)
@@ -146,15 +149,42 @@ class GPT(nn.Module):
             return x
         return self.resid_scales[layer] * x + self.x0_scales[layer] * x0
 
-    def head(self, x: Tensor, last_only: bool = False) -> Tensor:
-        """The last block's output (B, T, d_model) -> logits (B, T or 1, vocab): the norm, the LM head, the soft cap."""
+    def head(
+        self,
+        x: Tensor,
+        idx: Tensor,
+        padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+        pointer: bool = True,
+    ) -> Tensor:
+        """The last block's output (B, T, d_model) -> logits (B, T or 1, vocab): the norm, the LM head, the soft
+        cap, and in eval mode the continuous cache, whose log-probabilities are the logits (model/pointer.py).
+        padding_mask: every position's so far (with a KV cache, the cache's own)."""
+        pointing = pointer and self.config.pointer_weight > 0 and not self.training
+        if pointing:  # every position's state, before last_only drops all but the last
+            states, tokens, real = self.pointer_context(self.ln_f(x), idx, padding_mask, cache)
         if last_only:
             x = x[:, -1:]
         logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
         if self.config.logit_softcap is not None:  # smooth clamp to (-cap, cap): no logit runs away
             cap = self.config.logit_softcap  # in fp32: under bf16 autocast the cap would round every logit
             logits = cap * torch.tanh(logits.float() / cap)
+        if pointing:
+            logits = mix_pointer(logits, states, tokens, self.config.pointer_weight, self.config.pointer_scale, real)
         return logits
+
+    def pointer_context(
+        self, hidden: Tensor, idx: Tensor, padding_mask: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """What the continuous cache points into (model/pointer.py): the states, tokens and padding mask of every
+        position so far; with a KV cache, the new ones are kept there first (padding_mask is then the cache's)."""
+        states = pointer_states(hidden)
+        if cache is None:
+            return states, idx, padding_mask
+        cache.pointer_states[:, cache.start : cache.length] = states
+        cache.tokens[:, cache.start : cache.length] = idx
+        return cache.pointer_states[:, : cache.length], cache.tokens[:, : cache.length], padding_mask
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy over targets != -1; in training, plus z_loss * mean(logsumexp^2), which
@@ -202,8 +232,18 @@ class GPT(nn.Module):
         weight = self.tok_emb.weight
         windows = [c.layer_window(layer) for layer in range(c.n_layer)]
         heads, key_width, value_width = cache_layout(c)  # MLA: its latent (model/latent_attention.py)
+        pointer_width = c.d_model if c.pointer_weight > 0 else 0  # the continuous cache's states (model/pointer.py)
         return KVCache(
-            c.n_layer, batch_size, heads, max_length, key_width, weight.device, weight.dtype, windows, value_width
+            c.n_layer,
+            batch_size,
+            heads,
+            max_length,
+            key_width,
+            weight.device,
+            weight.dtype,
+            windows,
+            value_width,
+            pointer_width,
         )
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

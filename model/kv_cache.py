@@ -102,6 +102,7 @@ class KVCache:
         dtype: torch.dtype | None = None,
         windows: list[int | None] | None = None,
         d_v: int | None = None,
+        pointer_width: int = 0,
     ) -> None:
         d_v = d_k if d_v is None else d_v  # a value's width; MLA caches its latent as a key with no value (0)
         windows = windows if windows is not None else [None] * n_layer
@@ -130,6 +131,9 @@ class KVCache:
         self.padded = False  # any padding so far; without it attention needs no padding mask
         # Per row, the last real token so far, which a model with a bigram table keeps here (GPT.forward).
         self.last_token = torch.full((batch_size,), NO_TOKEN, dtype=torch.long, device=device)
+        # The continuous cache (model/pointer.py), pointer_width > 0: every slot's final state (float32) and token.
+        self.pointer_states = torch.zeros(batch_size, max_length, pointer_width, device=device)
+        self.tokens = torch.zeros(batch_size, max_length if pointer_width else 0, dtype=torch.long, device=device)
 
     @property
     def nbytes(self) -> int:

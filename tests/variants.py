@@ -33,6 +33,8 @@ VARIANTS: dict[str, dict] = {
     "mla_rope_gqa_qk_norm": {"mla_latent": 16, "pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True},
     "x0_mix": {"x0_mix": True, "pos_encoding": "rope"},  # per-layer scalars of the residual stream and the embeddings
     "bigram": {"bigram_embeds": 13, "pos_encoding": "rope"},  # hashed (previous, current) pairs, 13 rows: collisions
+    # The continuous cache (model/pointer.py), weighted and sharp enough that a leak or a wrong key would show.
+    "pointer": {"pointer_weight": 0.3, "pointer_scale": 4.0, "pos_encoding": "rope"},
 }
 
 BACKENDS = ("explicit", "sdpa", "materialized")

@@ -31,6 +31,7 @@ def run_dir(tmp_path_factory):
         "model.x0_mix=false",
         "model.window_pattern=null",
         "model.bigram_embeds=0",
+        "model.pointer_weight=0",
     ]
     done = run_cli(["train.py", *overrides])
     assert done.returncode == 0, done.stderr[-3000:]

@@ -126,6 +126,10 @@ def test_round_trip_through_hf_is_exact():
         ({"qk_norm": True}, r"model.qk_norm=true \(GPT-2 has no QK-norm\);.* model.qk_norm=false$"),
         ({"d_k": 16}, r"model.d_k=16 \(GPT-2 has heads of d_model / n_head = 12 dims\);.* model.d_k=null$"),
         ({"norm": "rmsnorm"}, r"model.norm=rmsnorm \(GPT-2 has layernorm\)"),
+        (
+            {"pointer_weight": 0.2},
+            r"model.pointer_weight=0.2 \(GPT-2 has no continuous cache\);.* model.pointer_weight=0.0$",
+        ),
     ],
 )
 def test_export_refuses_what_gpt2_cannot_hold(overrides, message):

@@ -242,6 +242,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert (m.long_window_size, m.train_block_size) == (128, 128)  # round 14: trains on 128 tokens, reads more
     assert m.block_size == 4096  # round 20 (docs/recipe/round20.md): scored in windows of 4,096, not 1,024
     assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/recipe/round15.md)
+    assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # round 23 (docs/recipe/round23.md)
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -267,6 +268,7 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.compile is False  # round 9 compiles the default's step
     assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # round 10's residual mix and windows
     assert cfg.model.bigram_embeds == 0  # round 15's bigram table
+    assert cfg.model.pointer_weight == 0.0  # round 23's continuous cache
     # round 11 evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
     # bench_quality's headline comparison pay the same evaluations
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
@@ -327,12 +329,24 @@ def test_round_14_trains_exactly_as_round_13_did():
     assert (new_logits[:, 200:] - old_logits[:, 200:]).abs().amax(-1).min() > 1e-4
 
 
+def test_round_23_trains_what_round_22_did_and_only_predicts_with_the_continuous_cache():
+    from bench.bench_quality import RECIPES
+
+    new, old = compose_config(RECIPES["default"]).model, compose_config(RECIPES["round22"]).model
+    assert {**new, "pointer_weight": 0.0} == {**old} and new.pointer_weight > 0
+    models = models_that_train_alike(new, old)  # the same loss and gradients in training
+    idx = torch.randint(0, V, (2, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        scored = [model.eval()(idx[:, :-1], idx[:, 1:])[1] for model in models]
+    assert scored[0] != scored[1]
+
+
 def test_round_20_computes_what_round_19_did_on_any_length():
     # Round 20 only lengthens the context (the score's windows): every layer is windowed to at most 128 keys and RoPE's
     # angles depend on the position alone, so the two models are one function, trained alike and reading alike.
     from bench.bench_quality import RECIPES
 
-    new, old = compose_config(RECIPES["default"]).model, compose_config(RECIPES["round19"]).model
+    new, old = compose_config(RECIPES["round22"]).model, compose_config(RECIPES["round19"]).model
     assert (new.block_size, old.block_size) == (4096, 1024)
     assert {**new, "block_size": 1024} == {**old}
     models = models_that_train_alike(new, old)
@@ -407,6 +421,7 @@ def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_lear
         assert (cfg.model.pos_encoding, cfg.model.qk_norm) == ("learned", False), experiment
         assert cfg.compile is False, experiment  # as measured: each sweep job would compile a shape of its own
         assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None), experiment
+        assert cfg.model.pointer_weight == 0.0, experiment  # round 23's continuous cache
 
 
 def test_the_smoke_run_does_not_compile():

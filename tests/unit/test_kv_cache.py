@@ -16,6 +16,7 @@ HEAD_GRID = [(1, None), (4, None), (3, 10), (6, 24)]
 ALL_VARIANTS = pytest.mark.parametrize("variant", list(VARIANTS))
 # Each variant on every backend that computes it (a backend that cannot refuses: tests/variants.py).
 ON_EVERY_BACKEND = pytest.mark.parametrize("backend,variant", backend_variants())
+# Generation mixes in the `pointer` variant's continuous cache only when asked (sampling's default is off): asked here.
 # GPT-2 runs the long checks (200+ positions); the variants share its code paths for length and run
 # shorter ones, which keeps this module at seconds.
 LONG, SHORT = 210, 60
@@ -70,8 +71,10 @@ def test_generate_cached_equals_uncached_for_greedy_tokens(backend, variant):
     model = make_model(backend, *VARIANT_HEADS, variant=variant)
     idx = prompt(2, 5)
     n = LONG if variant == "learned" else SHORT
-    cached = generate(model, idx, SamplingParams(n, temperature=0, use_cache=True, top_k=None, seed=None))
-    uncached = generate(model, idx, SamplingParams(n, temperature=0, use_cache=False, top_k=None, seed=None))
+    cached = generate(model, idx, SamplingParams(n, temperature=0, use_cache=True, top_k=None, seed=None, pointer=True))
+    uncached = generate(
+        model, idx, SamplingParams(n, temperature=0, use_cache=False, top_k=None, seed=None, pointer=True)
+    )
     assert cached.shape == (2, 5 + n)
     assert torch.equal(cached, uncached)
 
@@ -103,12 +106,14 @@ def test_padded_batch_equals_each_prompt_alone(backend, use_cache, variant):
     batched = generate(
         model,
         idx,
-        SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None),
+        SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None, pointer=True),
         padding_mask=padding_mask,
     )
     for row, p in enumerate(prompts):
         alone = generate(
-            model, torch.tensor([p]), SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None)
+            model,
+            torch.tensor([p]),
+            SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None, pointer=True),
         )
         assert torch.equal(batched[row, -40:], alone[0, -40:]), f"prompt {row} changed by batching"
 
@@ -130,7 +135,9 @@ def test_padded_prefill_logits_equal_each_prompt_alone(backend, variant):
 def test_past_block_size_conditions_on_the_last_block_size_tokens(use_cache, variant):
     model = make_model("auto", *VARIANT_HEADS, block_size=16, variant=variant)
     idx = prompt(1, 5)
-    out = generate(model, idx, SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None))
+    out = generate(
+        model, idx, SamplingParams(40, temperature=0, use_cache=use_cache, top_k=None, seed=None, pointer=True)
+    )
     assert out.shape == (1, 45)
     with torch.no_grad():
         for length in range(5, 45):  # reference: crop to the window, positions 0..block_size-1
@@ -143,10 +150,14 @@ def test_prompt_longer_than_block_size_and_padded_batch_past_block_size(variant)
     model = make_model("explicit", *VARIANT_HEADS, block_size=16, variant=variant)
     prompts = [prompt(1, n, seed=n)[0].tolist() for n in (4, 21)]
     idx, padding_mask = pad_prompts(prompts)
-    batched = generate(model, idx, SamplingParams(25, temperature=0, top_k=None, seed=None), padding_mask=padding_mask)
+    batched = generate(
+        model, idx, SamplingParams(25, temperature=0, top_k=None, seed=None, pointer=True), padding_mask=padding_mask
+    )
     for row, p in enumerate(prompts):
         alone = generate(
-            model, torch.tensor([p]), SamplingParams(25, temperature=0, use_cache=False, top_k=None, seed=None)
+            model,
+            torch.tensor([p]),
+            SamplingParams(25, temperature=0, use_cache=False, top_k=None, seed=None, pointer=True),
         )
         assert torch.equal(batched[row, -25:], alone[0, -25:])
 
