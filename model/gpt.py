@@ -162,11 +162,13 @@ class GPT(nn.Module):
         cap, and in eval mode the continuous cache, whose log-probabilities are the logits (model/pointer.py).
         padding_mask: every position's so far (with a KV cache, the cache's own)."""
         pointing = pointer and self.config.pointer_weight > 0 and not self.training
-        if pointing:  # every position's state, before last_only drops all but the last
-            states, tokens, real = self.pointer_context(self.ln_f(x), idx, padding_mask, cache)
-        if last_only:
+        if last_only and not pointing:  # the norm acts per position: only the last is needed
             x = x[:, -1:]
-        logits = self.lm_head(self.ln_f(x))  # (B, T or 1, vocab)
+        hidden = self.ln_f(x)
+        if pointing:  # every position's state, before last_only drops all but the last
+            states, tokens, real = self.pointer_context(hidden, idx, padding_mask, cache)
+            hidden = hidden[:, -1:] if last_only else hidden
+        logits = self.lm_head(hidden)  # (B, T or 1, vocab)
         if self.config.logit_softcap is not None:  # smooth clamp to (-cap, cap): no logit runs away
             cap = self.config.logit_softcap  # in fp32: under bf16 autocast the cap would round every logit
             logits = cap * torch.tanh(logits.float() / cap)
