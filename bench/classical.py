@@ -13,6 +13,9 @@ compressions of the train text per compressor, run in parallel over the compress
 under <cache>/classical/.
 """
 
+if __name__ == "__main__":  # a module: run as a file, its first import of its own package would fail
+    raise SystemExit("error: bench/classical.py is a module of bench/bench_quality.py; run it with --help")
+
 import bz2
 import json
 import lzma

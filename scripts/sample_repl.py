@@ -8,6 +8,9 @@ input with it). Each prompt starts a fresh generator from the current seed, so a
 what the one-shot command with the same settings prints; on a terminal the sample streams as it is made.
 """
 
+if __name__ == "__main__":  # a module: run as a file, its first import of its own package would fail
+    raise SystemExit("error: scripts/sample_repl.py is a module; its REPL runs as: python scripts/sample.py RUN -i")
+
 import dataclasses
 import difflib
 from typing import TextIO

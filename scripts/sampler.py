@@ -2,6 +2,9 @@
 (`SampleConfig`, whose fields are the command line's options and the REPL's commands) and `Sampler`, a
 loaded model and tokenizer that samples prompt after prompt."""
 
+if __name__ == "__main__":  # a module: run as a file, its first import of its own package would fail
+    raise SystemExit("error: scripts/sampler.py is a module of scripts/sample.py; run: python scripts/sample.py --help")
+
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field

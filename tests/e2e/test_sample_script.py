@@ -394,24 +394,25 @@ def test_a_bad_command_line_exits_2_and_what_it_names_1(run_dir, tmp_path, capsy
     assert (got, out, len(err.splitlines())) == (code, "", 1), err
 
 
-TOOLS = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+FILES = sorted(f"{p.parent.name}/{p.name}" for d in ("scripts", "bench") for p in (ROOT / d).glob("[!_]*.py"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool", TOOLS)
-def test_every_tool_in_scripts_runs_as_a_file(tool, tmp_path):
-    """`python scripts/TOOL.py --help` from anywhere, with nothing on PYTHONPATH: each finds the repo itself
-    (bench_generate.py once failed with No module named 'model')."""
+@pytest.mark.parametrize("file", FILES)
+def test_every_file_in_scripts_and_bench_runs_as_a_file(file, tmp_path):
+    """`python scripts/TOOL.py --help` from anywhere, with nothing on PYTHONPATH: each tool finds the repo itself
+    (bench_generate.py once failed with No module named 'model'), and a module that is not a command says in one
+    line which command it belongs to (scripts/sampler.py once ended in ModuleNotFoundError)."""
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / tool), "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, str(ROOT / file), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+    if "is a module" in done.stderr:
+        assert (done.returncode, done.stdout) == (1, ""), done.stderr
+        assert re.fullmatch(rf"error: {file} is a module\b.*\b(scripts|bench)/\w+\.py.*\n", done.stderr), done.stderr
+        assert Path(ROOT / re.findall(r"(?:scripts|bench)/\w+\.py", done.stderr)[-1]).is_file()
+    else:
+        assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
 
 
 def test_the_repl_refuses_a_setting_the_model_cannot_take_when_it_is_typed(run_dir, capsys, monkeypatch):
