@@ -197,6 +197,15 @@ def score(run: Path) -> dict:
     return {"params": result["params"], "val_loss": result["val/loss"], "val_bpb": result["val/bpb"]} | floor
 
 
+def score_line(run: Path, scored: dict) -> str:
+    """--score's result in words: the model's figure and the classical floor beside it."""
+    line = f"{run}: {scored['val_bpb']:.4f} bits/byte on every held-out token ({scored['val_loss']:.4f} nats/token)"
+    if scored["floor_bpb"] is None:
+        return f"{line}; no classical floor (--classical says why)"
+    gap = scored["val_bpb"] - scored["floor_bpb"]
+    return f"{line}; {scored['floor']} primed with the train text {scored['floor_bpb']:.4f} ({gap:+.4f})"
+
+
 def baselines(data_cfg: DataConfig) -> dict:
     """The classical compressors on `data_cfg`'s val split: measured on this CPU once, then cached."""
     data = prepare(data_cfg, progress=False)
@@ -314,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--score",
         type=Path,
         metavar="RUN",
-        help="only score RUN's best checkpoint (or a checkpoint file) on the val split",
+        help="only score RUN's best checkpoint (or a checkpoint file) on every token of the val split: JSON on stdout, "
+        "a line in words on stderr",
     )
     parser.add_argument(
         "--classical",
@@ -373,9 +383,11 @@ def main() -> None:
         print(json.dumps(time_step(json.loads(args.time_step))))
     elif args.score:
         try:
-            print(json.dumps(score(args.score)))
+            scored = score(args.score)
         except (ValueError, OSError) as e:  # no checkpoint, a damaged one, data that cannot be prepared
             exit_with_error(e)
+        print(json.dumps(scored))  # stdout, one line: what a comparison's runs are read by
+        print(score_line(args.score, scored), file=sys.stderr)  # the same, for a person
     elif args.classical:  # the compressors alone: no model, no budget
         try:
             data_cfg = load_config(args.overrides).data

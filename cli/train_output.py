@@ -240,8 +240,13 @@ def checkpoint_line(out_dir: Path) -> str:
     return f"best checkpoint: {path}" if path.name == BEST else f"checkpoint (no best: no finite val loss): {path}"
 
 
+# The val above is the loop's fixed batches (the default's are 128 tokens long, where the continuous cache has little
+# to point at); --score reads every held-out token with its document's context, the README table's measure.
+SCORE_HINT = "bits/byte on every held-out token, read as the README's table reads them"
+
+
 def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[str]) -> str:
-    """Where the run is, and the exact commands to sample from it and to continue it."""
+    """Where the run is, and the exact commands to sample from it, score it and continue it."""
     out_dir = run_dir_itself(out_dir)
     out = shlex.quote(str(out_dir))
     checkpoint = checkpoint_line(out_dir)
@@ -255,6 +260,7 @@ def closing_lines(out_dir: Path, metrics: dict[str, Any], overrides: Sequence[st
             f"done: {val}run directory {out_dir}",
             f"  {checkpoint}",
             f"  sample:   {python} scripts/sample.py {out}{prompt}",
+            f"  score:    {python} bench/bench_quality.py --score {out}  ({SCORE_HINT})",
             f"  continue: {continue_command(out_dir, overrides, drop=dropped)} {end}",
             f"  plots:    {out_dir / 'plots.png'}  ({python} scripts/plot_run.py {out} OTHER_RUN ... to compare)",
         ]

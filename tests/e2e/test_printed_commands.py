@@ -24,11 +24,12 @@ def test_the_closing_lines_name_the_interpreter_when_python_on_path_is_another(t
     done = run_cli(["train.py", *tiny_run_overrides], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in done.stderr.splitlines()
-               if line.startswith(("  sample:", "  continue:"))}  # fmt: skip
+               if line.startswith(("  sample:", "  score:", "  continue:"))}  # fmt: skip
     python = shlex.quote(str(Path(sys.executable).relative_to(ROOT) if ROOT in Path(sys.executable).parents
                              else Path(sys.executable)))  # fmt: skip
     assert printed["sample"].startswith(f"{python} scripts/sample.py "), printed
     assert printed["continue"].startswith(f"{python} train.py "), printed
+    assert printed["score"].startswith(f"{python} bench/bench_quality.py --score "), printed
     pasted = subprocess.run(  # exactly as printed, in a shell, from the repository root
         ["bash", "-c", printed["sample"] + " --max-new-tokens 5"],
         cwd=ROOT,
@@ -38,6 +39,9 @@ def test_the_closing_lines_name_the_interpreter_when_python_on_path_is_another(t
         timeout=300,
     )
     assert pasted.returncode == 0 and "Traceback" not in pasted.stderr, pasted.stderr[-3000:]
+    score = printed["score"].split("  (", 1)[0]  # the command, without its note
+    scored = subprocess.run(["bash", "-c", score], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert scored.returncode == 0 and "bits/byte on every held-out token" in scored.stderr, scored.stderr[-3000:]
 
 
 def test_with_the_venv_on_path_the_commands_say_python(tmp_path, monkeypatch):
