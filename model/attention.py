@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.causal_mask import build_aligned_causal_mask
-from model.config import GPTConfig
+from model.config import BACKENDS, GPTConfig
 from model.differential import DifferentialLambda, maps_as_heads, subtract_maps
 from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention, softmax_with_sink
@@ -173,6 +173,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.kv_heads
         self.d_k = config.head_dim
         self.backend = config.attn_backend
+        self.score_kernels = config.score_kernels()  # the kernels that compute this model's scores
         self.dropout = config.attention_dropout
         self.softcap = config.attn_softcap
         self.window = config.layer_window(layer)  # keys a query sees (sliding window), or None: every earlier key
@@ -283,13 +284,13 @@ class CausalSelfAttention(nn.Module):
         That is the fused kernel, except in training (a backward will follow) over at most
         MATERIALIZED_MAX_KEYS keys on a CPU, where the materialized kernel is faster: most of its
         gain is in the backward. Inference, where small batches would pay its per-block overhead,
-        and attention dropout stay fused. A soft cap or sinks, which the fused kernel cannot
-        compute, take the materialized kernel (the explicit one under dropout).
+        and attention dropout stay fused. A change to the scores (a soft cap, sinks: GPTConfig.score_changes)
+        takes the materialized kernel where it computes it and there is no dropout, else the equation.
         """
         if self.backend != "auto":
             return self.backend
-        if self.softcap is not None or self.sinks is not None:  # the fused kernel cannot change the scores
-            return "explicit" if dropout_p > 0.0 else "materialized"
+        if self.score_kernels != BACKENDS[1:]:  # the fused kernel cannot change the scores
+            return "materialized" if "materialized" in self.score_kernels and dropout_p == 0.0 else "explicit"
         short_on_cpu = q.device.type == "cpu" and key_length <= MATERIALIZED_MAX_KEYS
         return "materialized" if short_on_cpu and q.requires_grad and dropout_p == 0.0 else "sdpa"
 

@@ -13,10 +13,20 @@ import math
 from dataclasses import dataclass
 
 BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: CausalSelfAttention.kernel
+KERNELS = {"explicit": "the equation", "sdpa": "the fused kernel", "materialized": "the materialized kernel"}
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/block.py
 NORMS = ("layernorm", "rmsnorm")
 ATTN_GATES = ("headwise", "elementwise")  # model/attention.py: CausalSelfAttention.gate_proj
+# The variants that change the attention scores, and the kernels that compute each. PyTorch's fused kernel (sdpa)
+# computes softmax(QK^T / sqrt(d_k) + mask) V and nothing else; the materialized kernel computes the changes its
+# forward and hand-written backward implement (model/materialized_attention.py); the explicit one, the equation,
+# takes every change. A new change names "explicit" alone until a kernel implements it: `auto` then runs the
+# equation, and a kernel that would compute something else is refused in one line.
+SCORE_CHANGES = {
+    "attn_softcap": ("explicit", "materialized"),
+    "attn_sinks": ("explicit", "materialized"),
+}
 
 
 @dataclass
@@ -129,6 +139,14 @@ class GPTConfig:
             return None
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
         return self.window_size if short else self.long_window_size
+
+    def score_changes(self) -> list[str]:
+        """The variants this model turns on that change the attention scores (SCORE_CHANGES)."""
+        return [name for name in SCORE_CHANGES if getattr(self, name) not in (None, False, 0)]
+
+    def score_kernels(self) -> tuple[str, ...]:
+        """The kernels that compute this model's scores: every one, or those that take each of its changes."""
+        return tuple(k for k in BACKENDS[1:] if all(k in SCORE_CHANGES[name] for name in self.score_changes()))
 
     def check_train_block_size(self) -> None:
         """A model trained on sequences shorter than its block_size must never look further back than it trained."""
@@ -268,12 +286,12 @@ class GPTConfig:
         if not 0 < self.pointer_scale < math.inf:
             raise ValueError(f"model.pointer_scale={self.pointer_scale} is invalid; it must be a finite number > 0")
         self.check_train_block_size()
-        # PyTorch's fused kernel computes softmax(QK^T / sqrt(d_k) + mask) V and nothing else.
-        for name in ("attn_softcap", "attn_sinks"):
-            if getattr(self, name) not in (None, False) and self.attn_backend == "sdpa":
+        for name in self.score_changes():
+            if self.attn_backend not in ("auto", *SCORE_CHANGES[name]):
+                can = ", ".join(SCORE_CHANGES[name])
                 raise ValueError(
                     f"model.{name}={getattr(self, name)} changes the attention scores, which "
-                    "model.attn_backend='sdpa' (the fused kernel) cannot; use explicit, materialized or auto"
+                    f"model.attn_backend={self.attn_backend!r} ({KERNELS[self.attn_backend]}) cannot; use {can} or auto"
                 )
         if not 0 <= self.z_loss < math.inf:
             raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be a finite number >= 0 (0 for off)")
