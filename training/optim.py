@@ -1,9 +1,9 @@
 """Optimizers, their parameter groups by role, gradient clipping, and the learning-rate schedules as a
 pure function of (step, progress).
 
-`optim.optimizer=muon` trains the 2-D matmul weights inside the blocks with Muon (Jordan et al. 2024:
+`optim.optimizer=muon` trains the nn.Linear weights inside the blocks with Muon (Jordan et al. 2024:
 momentum, then a few Newton-Schulz iterations towards the nearest orthogonal matrix) and everything
-else (embeddings, LM head, gains, biases) with AdamW, as one torch optimizer, `MuonAdamW`. Each group
+else (embeddings, LM head, gains, biases, bare parameters) with AdamW, as one torch optimizer, `MuonAdamW`. Each group
 carries `lr_scale`, its peak lr over `optim.lr`, so one schedule moves every group by the same factor.
 """
 
@@ -43,8 +43,8 @@ class OptimConfig:
     # (its embeddings learn ~50x faster than its head): one row of the table moves only when its token occurs.
     embedding_lr: float | None = None
     head_lr: float | None = None
-    # Peak lr of the "gain" group (norm gains, biases, the residual mix's per-layer scalars); null: optim.lr.
-    # nanochat gives its per-layer scalars a far larger lr than its matrices' AdamW.
+    # Peak lr of the "gain" group (norm gains, biases, every bare parameter: the residual mix's per-layer scalars);
+    # null: optim.lr. nanochat gives its per-layer scalars a far larger lr than its matrices' AdamW.
     gain_lr: float | None = None
     # Peak lr of a hashed bigram table (model.bigram_embeds); null: optim.lr. Not the token table's: a row of pairs
     # occurs far more rarely than a token, and at the token table's 0.3 it memorised (docs/recipe/round15.md).
@@ -135,11 +135,14 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> Tensor:
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parameter]]:
-    """Parameters by role: "hidden" (2-D matmul weights inside the blocks), "head" (an untied LM head),
-    "embedding" (token/position tables, with a tied head), "gain" (norm gains and biases), "bigram" (a hashed bigram
-    table: an embedding at its own lr)."""
+    """Parameters by role: "hidden" (the nn.Linear weights inside the blocks), "head" (an untied LM head),
+    "embedding" (token/position tables, with a tied head), "gain" (norm gains, biases and every bare parameter: a
+    sink, a scalar, a variant's own mixing matrix), "bigram" (a hashed bigram table: an embedding at its own lr).
+    Muon takes the "hidden" role: it orthogonalises a layer's update and decays it, which a matrix that starts as the
+    identity (or a mix of heads) should not get unasked, so a bare 2-D parameter is AdamW's without decay."""
     embeddings = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     bigrams = {id(p) for m in model.modules() if isinstance(m, BigramEmbedding) for p in m.parameters()}
+    linears = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     groups: dict[str, list[nn.Parameter]] = {"hidden": [], "head": [], "embedding": [], "gain": [], "bigram": []}
     for name, p in model.named_parameters():  # a tied weight appears once, as the embedding
         if not p.requires_grad:
@@ -148,10 +151,10 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parame
             groups["bigram"].append(p)
         elif id(p) in embeddings:
             groups["embedding"].append(p)
-        elif p.dim() < 2:
-            groups["gain"].append(p)
-        else:
+        elif id(p) in linears:
             groups["head" if name.startswith("lm_head") else "hidden"].append(p)
+        else:
+            groups["gain"].append(p)
     return groups
 
 

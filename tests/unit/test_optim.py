@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from model import GPT, GPTConfig
 from rundir.checkpoint import load_checkpoint, restore_optimizer, save_checkpoint
@@ -74,6 +75,18 @@ def test_groups_by_role_cover_every_parameter_once(tie):
     assert all(p.dim() == 1 for p in groups["gain"])
     assert len(groups["embedding"]) == 2  # token and position tables (a tied head is the token table)
     assert [p is model.lm_head.weight for p in groups["head"]] == ([] if tie else [True])
+
+
+def test_a_bare_matrix_parameter_is_adamws_without_decay_not_muons():
+    # A variant's own (H, H) mix of heads, a bare 2-D parameter starting as the identity, went to Muon, whose
+    # weight decay pulled it towards zero: only nn.Linear weights are Muon's.
+    model = GPT(GPTConfig(**TINY.__dict__))
+    model.blocks[0].attn.mix = nn.Parameter(torch.eye(TINY.n_head))
+    groups = param_groups(model, OptimConfig())
+    assert any(p is model.blocks[0].attn.mix for p in groups["gain"])
+    assert all(any(p is m.weight for m in model.modules() if isinstance(m, nn.Linear)) for p in groups["hidden"])
+    roles = {g["role"]: g for g in build_optimizer(model, OptimConfig(optimizer="muon"), "cpu").param_groups}
+    assert any(p is model.blocks[0].attn.mix for p in roles["gain"]["params"]) and roles["gain"]["weight_decay"] == 0
 
 
 def test_adamw_decays_matrices_but_not_embeddings_gains_or_biases():
