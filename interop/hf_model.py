@@ -10,6 +10,7 @@ every tensor of ours must have a GPT-2 place, and the GPT-2 model's logits must 
 `transformers` is an optional dependency: it is imported only when a conversion runs.
 """
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -90,19 +91,30 @@ def clip(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[:width] + "..."
 
 
+# GPTConfig's defaults are GPT-2's architecture, so every other field must keep its default to export, except these:
+# GPT2Config's own sizes, what acts only in training or at init, the kernel, and what is read only when another
+# field turns its variant on. A new variant's field, off by default, is refused by name with no line here.
+FREE_IN_GPT2 = {
+    *("vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_ff", "bias", "dropout", "attn_dropout"),
+    *("zero_init_proj", "z_loss", "attn_backend"),
+    *("rope_base", "window_size", "long_window_size", "pointer_scale"),
+}
+
+
 def check_gpt2_compatible(config: GPTConfig) -> None:
     """Raise ValueError naming every setting GPT2LMHeadModel cannot represent, and the overrides that
     train a model it can (all at once: a user fixing them one at a time would retrain once each)."""
-    gpt2 = {"pos_encoding": "learned", "n_kv_head": None, "qk_norm": False, "activation": "gelu_tanh"}
-    gpt2 |= {"norm": "layernorm", "tie_embeddings": True, "logit_softcap": None, "d_k": None, "pointer_weight": 0.0}
+    gpt2 = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name not in FREE_IN_GPT2}
     why = {"pos_encoding": "learned positions", "n_kv_head": f"one key/value head per query head ({config.n_head})"}
     why |= {"qk_norm": "no QK-norm", "d_k": f"heads of d_model / n_head = {config.d_model / config.n_head:g} dims"}
-    why |= {"pointer_weight": "no continuous cache"}
+    why |= {"pointer_weight": "no continuous cache", "train_block_size": "learned positions, trained at every one"}
     wrong = {name: want for name, want in gpt2.items() if getattr(config, name) != want}
     if config.kv_heads == config.n_head:  # n_kv_head / d_k set to what GPT-2 has anyway
         wrong.pop("n_kv_head", None)
     if config.head_dim * config.n_head == config.d_model:
         wrong.pop("d_k", None)
+    if config.train_length == config.block_size:  # GPT-2's learned positions train on whole block_size sequences
+        wrong.pop("train_block_size", None)
     if wrong:
         found = ", ".join(
             f"model.{name}={hydra_text(getattr(config, name))} (GPT-2 has {why.get(name, hydra_text(want))})"
@@ -202,10 +214,9 @@ def to_hf_gpt2(model: GPT, eos_token_id: int | None = None) -> "GPT2LMHeadModel"
     return hf
 
 
-def listing(names: list[str], shown: int = 4) -> str:
-    """names, comma-separated; past `shown`, a count instead (one line for a knob in every layer)."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+def listing(names: list[str]) -> str:
+    """names, comma-separated, a tensor of every layer once (blocks.N.attn.sinks): every one named, in one line."""
+    return ", ".join(dict.fromkeys(re.sub(r"^blocks\.\d+\.", "blocks.N.", name) for name in names))
 
 
 def probe_batches(config: GPTConfig) -> list[Tensor]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,11 +22,13 @@ from analysis.trained import load_model  # noqa: E402
 from data import tokenizer as tokenizer_mod  # noqa: E402
 from data.tokenizer import EOT_TEXT, CharTokenizer  # noqa: E402
 from generation.generate import SamplingParams, generate  # noqa: E402
+from interop import hf_model  # noqa: E402
 from interop.hf_model import check_gpt2_compatible, from_hf_config, from_hf_gpt2, to_hf_gpt2  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rundir.checkpoint import save_checkpoint  # noqa: E402
 from scripts.convert_hf import export_checkpoint, import_hf  # noqa: E402
 from scripts.convert_hf import main as convert_main  # noqa: E402
+from tests.variants import VARIANTS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -150,6 +153,49 @@ def test_export_names_every_setting_gpt2_lacks_at_once():
         "model.qk_norm=false"
     )
     check_gpt2_compatible(replace(cfg, pos_encoding="learned", qk_norm=False, d_k=12, n_kv_head=4))  # GPT-2's own
+
+
+def the_fix(config: GPTConfig) -> GPTConfig:
+    """`config` with the overrides its export refusal names as those of a model that exports."""
+    with pytest.raises(ValueError) as refused:
+        check_gpt2_compatible(config)
+    overrides = str(refused.value).split("; a model that exports trains with ", 1)[1].split()
+    fixed = {k.removeprefix("model."): yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides)}
+    return replace(config, **fixed)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "learned"])
+def test_a_model_trained_with_the_refusals_overrides_exports(variant):
+    # Defect: the default model's refusal named its positions, QK-norm, tied head and cache; retrained with those,
+    # it was refused again for x0_scales, the bigram table and more: the list knew only the knobs written into it.
+    shape = {"vocab_size": VOCAB, "n_layer": 2, "n_head": 6, "d_model": 48, "d_k": 12, "bias": True}
+    fixed = the_fix(GPTConfig(block_size=32, **shape, **VARIANTS[variant]))
+    fixed.validate()  # a config train.py takes
+    torch.manual_seed(0)
+    to_hf_gpt2(decisive(GPT(fixed)).eval())  # the tensors and the logits agree
+
+
+def test_the_default_models_export_refusal_names_every_override_at_once():
+    small = yaml.safe_load((ROOT / "configs" / "model" / "small.yaml").read_text())
+    config = GPTConfig(vocab_size=VOCAB, **{**small, "block_size": 64, "train_block_size": 16, "d_model": 48})
+    fixed = the_fix(config)
+    assert (fixed.pos_encoding, fixed.train_block_size, fixed.window_pattern, fixed.pointer_weight) == (
+        "learned",
+        None,
+        None,
+        0.0,
+    )
+    fixed.validate()
+    to_hf_gpt2(GPT(fixed).eval())
+
+
+def test_a_refused_tensor_of_every_layer_is_named_once_and_none_left_out(monkeypatch):
+    # Defect: past four names the refusal said "and 3 more", and a new variant's tensor was among the three.
+    monkeypatch.setattr(hf_model, "check_gpt2_compatible", lambda config: None)  # the derived check alone
+    config = GPTConfig(vocab_size=VOCAB, block_size=32, n_layer=3, n_head=4, d_model=48, attn_sinks=True, x0_mix=True)
+    with pytest.raises(ValueError) as refused:
+        to_hf_gpt2(GPT(config))
+    assert str(refused.value).endswith("GPT-2 has no tensor for resid_scales, x0_scales, blocks.N.attn.sinks")
 
 
 @pytest.mark.parametrize(
