@@ -35,6 +35,22 @@ VARIANTS: dict[str, dict] = {
     "bigram": {"bigram_embeds": 13, "pos_encoding": "rope"},  # hashed (previous, current) pairs, 13 rows: collisions
     # The continuous cache (model/pointer.py), weighted and sharp enough that a leak or a wrong key would show.
     "pointer": {"pointer_weight": 0.3, "pointer_scale": 4.0, "pos_encoding": "rope"},
+    # The default run's model (configs/model/small.yaml) at the tests' scale: every layer windowed, as it trains.
+    "default_run": {
+        **{"pos_encoding": "rope", "qk_norm": True, "attn_gate": "elementwise", "tie_embeddings": False},
+        **{"x0_mix": True, "window_pattern": "SL", "window_size": 4, "long_window_size": 6, "bigram_embeds": 13},
+        **{"pointer_weight": 0.3, "pointer_scale": 4.0},
+    },
+}
+# Where "default_run" differs from configs/model/small.yaml: the sizes, scaled to the tests' 2 layers and short inputs.
+DEFAULT_RUN_SCALED = ("window_pattern", "window_size", "long_window_size", "bigram_embeds", "pointer_weight")
+DEFAULT_RUN_SCALED += ("pointer_scale",)
+# GPTConfig fields in no entry above: the shape (the tests' head grids run over it), what acts on each position alone
+# (so cannot carry a token from one position to another) or only in training, and the backend the tests choose.
+NOT_VARIANTS = {
+    *("vocab_size", "block_size", "train_block_size", "n_layer", "n_head", "d_model", "d_k", "d_ff", "attn_backend"),
+    *("dropout", "attn_dropout", "z_loss"),  # training only
+    *("bias", "activation", "norm", "zero_init_proj", "logit_softcap", "rope_base"),  # per position, or a constant
 }
 
 BACKENDS = ("explicit", "sdpa", "materialized")
@@ -43,6 +59,7 @@ BACKENDS = ("explicit", "sdpa", "materialized")
 # a multiple of 4 (RoPE rotates pairs of each half of a differential head, and MLA's d_k / 2 rope key)
 # and != d_model 48 / n_head, so the independent-d_k paths are covered too.
 VARIANT_HEADS = (6, 12)
+PERTURBATION = 0.1  # std of the noise variant_model adds to every parameter
 
 
 def refusal(backend: str, variant: str) -> str | None:
@@ -91,6 +108,12 @@ def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, voca
         **VARIANTS[variant],
     )
     model = GPT(cfg).eval()
+    # Every parameter moved away from its start, as training moves it: a start at zero, one or the identity (a sink,
+    # a gate, a mix, a table, a norm's gain, a new variant's own) hides a path that skips it, and GPT-2's small init
+    # keeps the scores so small that a soft cap would never bind.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param), alpha=PERTURBATION)
     if model.bigram_emb is not None:  # it starts at zero, which would hide a pair read from the wrong token
         torch.nn.init.normal_(model.bigram_emb.table.weight, std=0.5)
     if model.x0_scales is not None:  # they start as the plain stream, which would hide a block that skips the mix

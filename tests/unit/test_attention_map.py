@@ -13,6 +13,7 @@ import torch
 from analysis.attention import attention_maps, token_label, token_text
 from data.tokenizer import BPETokenizer, CharTokenizer
 from model import GPT, GPTConfig
+from model.attention import expand_kv_heads
 from rundir.checkpoint import save_checkpoint
 from scripts.attention_map import write_attention_map
 from tests.variants import VARIANT_HEADS, backend_variants, variant_model
@@ -56,11 +57,35 @@ def test_maps_are_causal_softmax_rows_for_every_layer_and_head(backend, n_head, 
 
 @pytest.mark.parametrize(("backend", "variant"), backend_variants())
 def test_the_walk_through_the_blocks_is_the_model(backend, variant):
-    model = variant_model(backend, *VARIANT_HEADS, variant, VOCAB, 16)  # with its learned mixes away from their start
+    model = variant_model(backend, *VARIANT_HEADS, variant, VOCAB, 16)  # its parameters away from their start
     idx = random_ids(1)
     _, logits = attention_maps(model, idx)
     expected, _ = model(idx[None])
     torch.testing.assert_close(logits, expected[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("backend", "variant"), backend_variants())
+def test_the_maps_are_what_each_head_reads(backend, variant, monkeypatch):
+    # The walk's logits come from the blocks themselves, so they hold even where the maps leave out a change to the
+    # scores: each layer's maps times its values must be what its heads return in the model's own forward pass.
+    model = variant_model(backend, *VARIANT_HEADS, variant, VOCAB, 16)
+    idx = random_ids(1)
+    maps, _ = attention_maps(model, idx)
+    read: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for block in model.blocks:
+        attend = block.attn.attend
+
+        def recording(q, k, v, padding_mask=None, attend=attend):
+            read.append((v, attend(q, k, v, padding_mask)))
+            return read[-1][1]
+
+        monkeypatch.setattr(block.attn, "attend", recording)
+    with torch.no_grad():
+        model(idx[None])
+    assert len(read) == model.config.n_layer
+    for layer, (values, heads) in enumerate(read):
+        values = expand_kv_heads(values, model.config.n_head)[0]  # (H, T, d_k): each query head's values
+        torch.testing.assert_close(maps[layer] @ values, heads[0], atol=1e-5, rtol=1e-5)
 
 
 def test_maps_differ_between_heads_and_layers_and_see_no_future():

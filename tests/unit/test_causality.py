@@ -64,8 +64,11 @@ def test_gradient_from_the_future_is_exactly_zero(backend, variant, n_head, d_k,
         logits[0, i].sum().backward()
         grad = captured["emb"].grad[0]  # (T, d_model)
         assert torch.count_nonzero(grad[i + 1 :]) == 0, f"output {i} has a gradient from a later input"
-        # A stack of windows reads back sum(window - 1) positions: when every layer is windowed, no further.
-        reach = sum((model.config.layer_window(layer) or T) - 1 for layer in range(model.config.n_layer))
+        # A stack of windows reads back sum(window - 1) positions (one more for the bigram table's previous token):
+        # when every layer is windowed, no further, unless the continuous cache points back over the whole context.
+        c = model.config
+        reach = sum((c.layer_window(layer) or T) - 1 for layer in range(c.n_layer)) + (c.bigram_embeds > 0)
+        reach = T if c.pointer_weight > 0 else reach
         first = max(0, i - reach)
         assert grad[first : i + 1].abs().sum(-1).gt(0).all(), "every input in reach should influence output i"
         assert torch.count_nonzero(grad[:first]) == 0, f"output {i} has a gradient from beyond its windows' reach"

@@ -1,23 +1,26 @@
 """Attention and position variants: GQA/MQA semantics and cache size, QK-norm, the sinusoid table,
 mixed precision, old checkpoints, and the variant config through a real training run."""
 
+import dataclasses
 import math
 from dataclasses import asdict, replace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from analysis.trained import load_model
 from cli.config import to_train_config
 from generation.generate import SamplingParams, generate
 from model import GPT, GPTConfig
+from model import config as config_module
 from model.attention import CausalSelfAttention
 from model.kv_cache import kv_bytes_per_token, token_positions
 from model.position import SinusoidalPositions, apply_rotary
 from rundir.checkpoint import save_checkpoint
 from rundir.run import check_same_model
-from tests.helpers import compose_config
-from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, refusal
+from tests.helpers import ROOT, compose_config
+from tests.variants import BACKENDS, DEFAULT_RUN_SCALED, NOT_VARIANTS, VARIANT_HEADS, VARIANTS, refusal
 from training.setup import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -184,6 +187,28 @@ def test_variant_model_config_trains_and_its_checkpoint_reloads(tiny_run_overrid
     assert ckpt.meta["config"]["model"]["qk_norm"] is True
 
 
+def test_every_config_field_is_a_variant_the_proofs_run_over_or_said_not_to_be_one():
+    # A new GPTConfig field with no line in tests/variants.py was proved by nothing: no test failed without it.
+    in_variants = {key for overrides in VARIANTS.values() for key in overrides}
+    missing = sorted({f.name for f in dataclasses.fields(GPTConfig)} - in_variants - NOT_VARIANTS)
+    assert not missing, (
+        f"GPTConfig.{', '.join(missing)} in no VARIANTS entry: add a line to tests/variants.py (docs/variants.md)"
+    )
+    assert not in_variants & NOT_VARIANTS
+
+
+def test_the_default_run_variant_is_the_default_models_architecture():
+    small = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "small.yaml"))
+    shape = ("block_size", "train_block_size", "d_model")
+    architecture = {key: value for key, value in small.items() if key not in shape}
+    tested = VARIANTS["default_run"]
+    assert set(tested) == set(architecture)
+    assert {k: v for k, v in tested.items() if k not in DEFAULT_RUN_SCALED} == {
+        k: v for k, v in architecture.items() if k not in DEFAULT_RUN_SCALED
+    }
+    assert all(architecture[k] not in (None, False, 0) for k in DEFAULT_RUN_SCALED)  # on in both, at another size
+
+
 @pytest.mark.parametrize("backend,variant", [(b, v) for b in BACKENDS for v in VARIANTS])
 def test_a_backend_that_cannot_compute_a_variant_refuses_naming_those_that_can(backend, variant):
     message = refusal(backend, variant)
@@ -203,6 +228,18 @@ def test_auto_picks_only_a_backend_that_computes_the_variant(variant):
         picked = attn.kernel(torch.zeros(1, 6, length, 10, requires_grad=training), length, dropout_p)
         assert refusal(picked, variant) is None, f"auto picked {picked}, which refuses {variant}"
         assert dropout_p == 0.0 or picked != "materialized"  # it has no dropout
+
+
+def test_a_new_score_change_that_only_the_equation_computes_runs_on_it_and_no_kernel(monkeypatch):
+    # A variant that changes the scores, added to kernel()'s condition as the docs said, made `auto` pick the
+    # materialized kernel, which ran without it: every kernel now takes a change only where SCORE_CHANGES says so.
+    monkeypatch.setitem(config_module.SCORE_CHANGES, "attn_sinks", ("explicit",))  # as a new change would start
+    for backend in ("sdpa", "materialized"):
+        with pytest.raises(ValueError, match=rf"attn_backend='{backend}' \(the .*\) cannot; use explicit or auto$"):
+            GPTConfig(attn_sinks=True, attn_backend=backend).validate()
+    attn = CausalSelfAttention(GPTConfig(vocab_size=VOCAB, d_model=48, n_head=6, d_k=10, attn_sinks=True))
+    for length, training in [(16, True), (16, False), (9999, False)]:
+        assert attn.kernel(torch.zeros(1, 6, length, 10, requires_grad=training), length, 0.0) == "explicit"
 
 
 def capture_heads(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
@@ -393,9 +430,10 @@ def test_gpt2_export_refuses_differential_and_latent_attention_in_one_line(knobs
     from interop.hf_model import to_hf_gpt2
 
     model = GPT(GPTConfig(vocab_size=VOCAB, block_size=24, n_layer=2, n_head=4, d_model=48, bias=True, **knobs))
-    extra = "differential.lq1" if "attn_diff" in knobs else "kv_up_proj.weight"
-    with pytest.raises(ValueError, match=rf"^the model cannot be exported to GPT-2: GPT-2 has no tensor for .*{extra}"):
-        to_hf_gpt2(model)
+    ((name, value),) = knobs.items()
+    shown = str(value).lower()  # as a Hydra override writes it
+    with pytest.raises(ValueError, match=rf"^the model cannot be exported to GPT-2: model.{name}={shown} .*{name}="):
+        to_hf_gpt2(model)  # the knob, named with the value that exports
 
 
 @pytest.mark.parametrize("field,value", [("attn_diff", True), ("mla_latent", 16)])
