@@ -109,14 +109,15 @@ def main() -> None:
         f"{device} ({device_name(device)}) {precision}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     columns = ("params", "train tok/s", "vs GPT-2", "KV B/token", "decode tok/s")
-    header = f"{'variant':<24} | " + " | ".join(f"{c:>{max(len(c), 8)}}" for c in columns)
+    width = max(len(name) for name in ["variant", *models])  # a long name once pushed its row out of line
+    header = f"{'variant':<{width}} | " + " | ".join(f"{c:>{max(len(c), 8)}}" for c in columns)
     print(header + "\n" + "-" * len(header))
     for name, model in models.items():
         step = statistics.median(step_s[name])
         kv_bytes = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
         decode_tok_s = args.decode_tokens / statistics.median(decode_s[name])
         print(
-            f"{name:<24} | {model.num_params() / 1e6:>7.2f}M | {tokens / step:>11.0f} | {base / step:>7.2f}x "
+            f"{name:<{width}} | {model.num_params() / 1e6:>7.2f}M | {tokens / step:>11.0f} | {base / step:>7.2f}x "
             f"| {kv_bytes:>10} | {decode_tok_s:>12.0f}"
         )
 
