@@ -14,7 +14,8 @@ checkpoint that scripts/sample.py reads, with the GPT-2 tokenizer in its header 
 learned BPE, for a directory this script exported). Neither replaces an existing
 target without --force, and then the new one is written beside it first and renamed into place, so
 a failure leaves the old one. --force replaces only an earlier export (its attnlab_export.json lists what it
-wrote), never a directory holding the checkpoint being exported, nor an imported directory's own file.
+wrote) or an earlier import, never a directory holding the checkpoint being exported, a run's checkpoint, nor an
+imported directory's own file.
 A problem the user can fix exits non-zero with one line `error: ...`, touching nothing.
 """
 
@@ -313,6 +314,8 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
             f"checkpoint {str(checkpoint)!r} is a file of {str(hf_dir)!r}, the directory being imported; "
             "--force would replace it"
         )
+    if checkpoint.is_file():  # only with --force, here
+        check_replaceable_import(checkpoint)
     shapes = read_weight_shapes(hf_dir)
     require_transformers()
     model = from_hf_gpt2(load_hf_gpt2(hf_dir, shapes))
@@ -324,6 +327,22 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
         "source": {"hf_dir": str(hf_dir.resolve())},
     }
     return model, save_checkpoint(checkpoint, model, None, meta)  # written beside, then renamed
+
+
+def check_replaceable_import(checkpoint: Path) -> None:
+    """Refuse to replace a file that is not an earlier import: `import HF RUN/checkpoints/step_N.safetensors --force`
+    replaced a run's checkpoint, its optimizer state with it, so the run could no longer resume."""
+    try:
+        with safetensors.safe_open(str(checkpoint), framework="pt") as f:
+            meta, names = json.loads((f.metadata() or {})["attnlab"]), list(f.keys())
+        imported = "hf_dir" in (meta.get("source") or {}) and not any(name.startswith("optim.") for name in names)
+    except Exception:  # not a safetensors file, or not ours: it is no import either
+        imported = False
+    if not imported:
+        raise ValueError(
+            f"checkpoint {str(checkpoint)!r} is not an earlier import (a run's checkpoint, or another file); "
+            "--force replaces only those: choose another path"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -398,8 +398,16 @@ def test_convert_refuses_to_overwrite_and_replaces_only_with_force(tmp_path, cap
     line = convert_error(["export", str(run), str(tmp_path / "taken"), "--force"], capsys)  # anything else is not
     assert re.search("'.*taken' is not an earlier export", line), line
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
-    convert_main(["import", str(tmp_path / "empty"), str(existing), "--force"])
-    assert load_model(existing)[0].config.vocab_size == len(SHAKESPEARE_CHARS) + 1
+    imported = tmp_path / "imported.safetensors"
+    convert_main(["import", str(tmp_path / "empty"), str(imported)])
+    convert_main(["import", str(tmp_path / "empty"), str(imported), "--force"])  # an earlier import is replaced
+    assert load_model(imported)[0].config.vocab_size == len(SHAKESPEARE_CHARS) + 1
+    # Defect: --force replaced a run's own checkpoint (its optimizer state with it: the run could not resume).
+    for other in (existing, run / "checkpoints" / "best.safetensors"):  # a checkpoint no import wrote, a run's best
+        before = other.read_bytes()
+        line = convert_error(["import", str(tmp_path / "empty"), str(other), "--force"], capsys)
+        assert re.search(r"'.*' is not an earlier import \(a run's checkpoint, or another file\)", line), line
+        assert other.read_bytes() == before
 
 
 def test_import_refuses_pickle_weights_without_unpickling_them(tmp_path, capsys, monkeypatch):
