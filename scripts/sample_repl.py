@@ -19,6 +19,7 @@ from cli.schema_help import show_default
 from scripts.sampler import (
     CLI_SAMPLING_FIELDS,
     SampleConfig,
+    SampleInterrupted,
     Sampler,
     bool_word,
     cli_fields,
@@ -31,7 +32,8 @@ REPL_SETTINGS = ("num_samples", "stream", "stop_at_eot")  # SampleConfig fields 
 REPL_HELP = """Type a prompt and press Enter to sample it; "\\n" in a prompt is a newline, "::text" a prompt that
 starts with ":". Commands:
   :temperature X   :top_k N|none   :top_p X|none   :seed N|none   :max N (max_new_tokens)
-  :context_length N|none   :use_cache on|off   :num_samples N   :stream on|off   :stop_at_eot on|off
+  :context_length N|none   :use_cache on|off   :pointer on|off   :num_samples N   :stream on|off
+  :stop_at_eot on|off
   :show   the settings       :help   this text       :quit   leave (end of input does too)
 Ctrl-C stops the sample being written; at the prompt it leaves."""
 
@@ -65,9 +67,10 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
                 sampler.sample(text.replace("\\n", "\n"), cfg, out)
         except ValueError as e:
             err.write(f"error: {e}\n")
-        except KeyboardInterrupt:  # Ctrl-C stops this sample; the loaded model stays for the next prompt
-            out.write("\n")
-            out.flush()
+        except KeyboardInterrupt as e:  # Ctrl-C stops this sample; the loaded model stays for the next prompt
+            if not isinstance(e, SampleInterrupted):  # which ended its own line
+                out.write("\n")
+                out.flush()
             err.write("interrupted; the next prompt samples again (:quit or end of input leaves)\n")
 
 

@@ -116,16 +116,25 @@ class Sampler:
                     out.write(SEPARATOR)
                 out.write(text)
                 pieces = []
-                for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
-                    pieces.append(piece)
-                    if stream:
-                        out.write(piece)
-                        out.flush()
+                try:
+                    for piece in stream_text(self.model, self.tokenizer, ids, params, self.device, generator):
+                        pieces.append(piece)
+                        if stream:
+                            out.write(piece)
+                            out.flush()
+                except KeyboardInterrupt:  # Ctrl-C: what was sampled so far is written too, streamed or not
+                    out.write(("" if stream else "".join(pieces)) + "\n")
+                    out.flush()
+                    raise SampleInterrupted from None
                 completion = "".join(pieces)
                 out.write(("" if stream else completion) + "\n")
                 out.flush()
                 samples.append(text + completion)
         return samples
+
+
+class SampleInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a sample was being made: its text so far, and the end of its line, are written."""
 
 
 def is_terminal(out: TextIO) -> bool:

@@ -451,6 +451,36 @@ def test_ctrl_c_in_the_middle_of_a_repl_sample_stops_that_sample_not_the_session
     assert err.getvalue() == "interrupted; the next prompt samples again (:quit or end of input leaves)\n"
 
 
+def test_the_repl_help_names_every_setting_it_takes():
+    # `:pointer on` worked, but :help did not say so
+    from scripts.sample_repl import REPL_ALIASES, REPL_HELP, REPL_SETTINGS
+    from scripts.sampler import CLI_SAMPLING_FIELDS
+
+    shorter = {name: alias for alias, name in REPL_ALIASES.items()}
+    named = set(re.findall(r":(\w+)", REPL_HELP))
+    assert [f for f in [*CLI_SAMPLING_FIELDS, *REPL_SETTINGS] if f not in named and shorter.get(f) not in named] == []
+
+
+@pytest.mark.parametrize("interactive", [False, True])
+def test_ctrl_c_keeps_what_was_sampled_when_the_output_is_not_streamed(run_dir, capsys, monkeypatch, interactive):
+    # Piped (written whole), a sample stopped by Ctrl-C was lost: stdout held the prompt alone, after minutes.
+    from scripts import sampler
+
+    def two_pieces_then_ctrl_c(*args, **kwargs):
+        yield from ("ab", "c")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sampler, "stream_text", two_pieces_then_ctrl_c)
+    argv = [str(run_dir), "--max-new-tokens", "99", "--no-stream"]
+    if interactive:
+        code, out, err = cli(capsys, [*argv, "-i"], "ROMEO:\nKING\n", monkeypatch)
+        assert (code, out) == (0, "ROMEO:abc\nKINGabc\n")  # each sample so far, on its own line
+        assert err.count("interrupted; the next prompt samples again") == 2
+    else:
+        code, out, _ = cli(capsys, [*argv, "ROMEO:"])
+        assert (code, out) == (130, "ROMEO:abc\n")
+
+
 def test_a_prompt_file_may_be_a_pipe(run_dir, tmp_path, capsys):
     # `--prompt-file <(printf ROMEO:)` and named pipes were refused as "does not exist or is not a file"
     fifo = tmp_path / "prompt.fifo"
