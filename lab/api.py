@@ -5,6 +5,7 @@ is a ValueError or FileNotFoundError with one line, which the server sends as {"
 """
 
 import contextlib
+import difflib
 import re
 import reprlib
 from collections.abc import Callable, Iterator
@@ -197,6 +198,30 @@ def run_head_importance(session: LabSession, body: dict) -> dict:
     """A run's head importance at each step checkpoint, as `scripts/head_importance.py RUN --over-training`
     wrote it (read, not measured: measuring every checkpoint of a long run takes minutes)."""
     return runs.head_importance(run_path(session, body, "a run directory"))
+
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed", "max_tokens")
+# The keys each API reads. Any other is refused, naming the nearest: `max_new_tokens` (the command line's name) was
+# ignored, and the page's default of 200 tokens came back.
+KEYS = {
+    "/api/sample": ("prompt", *SAMPLING_KEYS),
+    "/api/attention": ("prompt", "layer"),
+    "/api/importance": ("prompt",),
+    "/api/intervene": ("prompt", "heads_off", *SAMPLING_KEYS),
+    "/api/load": ("path",),
+    "/api/runs": ("path",),
+    "/api/runs/head_importance": ("path",),
+}
+
+
+def checked_keys(path: str, body: dict) -> dict:
+    """body, if every key is one `path` reads; ValueError naming the first that is not, and what is."""
+    unknown = [key for key in body if key not in KEYS[path]]
+    if unknown:
+        near = difflib.get_close_matches(str(unknown[0]), KEYS[path], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"{shown(unknown[0])} is not a key of {path}{hint}; it takes: {', '.join(KEYS[path])}")
+    return body
 
 
 ROUTES = {

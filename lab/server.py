@@ -157,11 +157,11 @@ class LabHandler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         if path == "/api/sample":
-            return self.answer(lambda: api.sample(self.session, json_object(body)), stream=True)
+            return self.answer(lambda: api.sample(self.session, api.checked_keys(path, json_object(body))), stream=True)
         route = api.ROUTES.get(path)
         if route is None:
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no API at {path}"})
-        self.answer(lambda: route(self.session, json_object(body)))
+        self.answer(lambda: route(self.session, api.checked_keys(path, json_object(body))))
 
     def refused(self) -> bool:
         """Answer a request not from the lab's own page with its 403 or 415 (see the module's docstring)."""

@@ -267,6 +267,13 @@ BAD_PARAMETERS = [  # (path, raw JSON body: 1e400 is JSON for infinity, the star
     ("/api/sample", '{"prompt": "the king", "temperature": true}', "temperature=True is not a number"),
     ("/api/attention", '{"prompt": "the king", "layer": 1e400}', "layer=inf is not an integer"),
     ("/api/attention", '{"prompt": 123}', "prompt=123 is not text"),
+    # a key the API does not read was ignored: max_new_tokens (the command line's name) gave the default 200 tokens
+    (
+        "/api/sample",
+        '{"prompt": "the king", "max_new_tokens": 5}',
+        "'max_new_tokens' is not a key of /api/sample (did you mean 'max_tokens'?); it takes: prompt, temperature, ",
+    ),
+    ("/api/load", '{"run": "x"}', "'run' is not a key of /api/load; it takes: path"),
 ]
 
 
