@@ -144,6 +144,7 @@ class OneLineParser(argparse.ArgumentParser):
     `unrecognized_hint` is added to an unrecognized-arguments error (e.g. how to pass a prompt like `-x`)."""
 
     unrecognized_hint = ""
+    extra_word_hint = ""  # for a word that is no option (`RUN ROMEO: hi` with the quotes left out)
 
     def parse_known_args(self, args=None, namespace=None):
         words = sys.argv[1:] if args is None else list(args)
@@ -163,8 +164,9 @@ class OneLineParser(argparse.ArgumentParser):
         return out
 
     def error(self, message: str) -> NoReturn:
+        dashed = message.startswith("unrecognized arguments: -")  # an unknown option, or a prompt such as -x
         if message.startswith("unrecognized arguments") and self.unrecognized_hint:
-            message += f"; {self.unrecognized_hint}"
+            message += f"; {self.unrecognized_hint if dashed else self.extra_word_hint}"
         sys.stderr.write(f"error: {message} (see --help)\n")
         sys.exit(2)
 

@@ -55,6 +55,8 @@ class LabSession:
         self.device = resolve_device(device)
         self.threads = threads  # torch threads for sampling; None: decode_threads' choice for the model
         self.root = Path(root or default_root(Path(source))).expanduser().resolve()
+        if not self.root.is_dir():  # else every path was "outside" a folder that is not there
+            raise FileNotFoundError(f"--root {str(root)!r} is not a folder; give the folder that holds your runs")
         self.load(source)
 
     def inside_root(self, path: str | Path) -> Path:

@@ -44,8 +44,10 @@ def find_checkpoint(path: str | Path) -> Path:
     else its newest step checkpoint."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
+        if not path.is_file():  # /dev/null, a pipe: it exists, and saying it did not misled
+            raise FileNotFoundError(f"{str(path)!r} is not a file; give a checkpoint file or a run directory")
         return path
     for folder in (path / "checkpoints", path):
         if (folder / BEST).is_file():

@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     parser.unrecognized_hint = "a prompt that starts with '-' goes last, after --: sample.py RUN -- '-x'"
+    parser.extra_word_hint = "the prompt is one argument: quote it whole, sample.py RUN 'ROMEO: But soft'"
     parser.add_argument("checkpoint_pos", nargs="?", metavar="CHECKPOINT_OR_RUN_DIR", help="as --checkpoint")
     parser.add_argument("prompt_pos", nargs="?", metavar="PROMPT", help='as --prompt ("-" reads stdin)')
     for doc in cli_fields():

@@ -271,6 +271,9 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "x", "--seed", "7.5"], "argument --seed: invalid int value: '7.5'"),
         (["RUN", "x", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["RUN", "-x"], r"unrecognized arguments: -x; a prompt that starts with '-' goes last, after --"),
+        # Defect: a prompt typed without its quotes was told about prompts that start with '-'
+        (["RUN", "ROMEO:", "hi"], r"unrecognized arguments: hi; the prompt is one argument: quote it whole"),
+        (["/dev/null", "x"], r"^error: '/dev/null' is not a file; give a checkpoint file or a run directory"),
         (["RUN", "x", "tempreture=1"], r"unknown option 'tempreture' \(did you mean temperature\?\)"),
         (["RUN", "x", "stream=maybe"], "stream='maybe' is invalid; it must be true or false"),
         (["RUN", "x", "device=foo"], "device='foo' is invalid"),

@@ -143,6 +143,9 @@ def test_a_run_outside_an_explicit_root_is_refused_at_start(root):
     with pytest.raises(ValueError, match=r"^'.*elsewhere/run' is outside '.*/root', the folder this lab opens"):
         LabSession(root.parent / "elsewhere" / "run", root=root)
     assert LabSession(root / "run", root=root.parent).root == root.parent.resolve()
+    # Defect: a root that does not exist said every run was outside it
+    with pytest.raises(FileNotFoundError, match=r"^--root '.*nowhere' is not a folder; give the folder that holds"):
+        LabSession(root / "run", root=root / "nowhere")
 
 
 def test_the_lab_script_on_the_network_warns_and_still_guards_the_api(root):
