@@ -106,7 +106,15 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> Non
         {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
         for group in ckpt.meta["optim_param_groups"]
     ]
+    saved, now = group_layout(groups), group_layout(optimizer.param_groups)
+    if saved != now:  # torch would load it, and the first step would fail or update the wrong tensors
+        raise ValueError(f"the checkpoint's optimizer groups {saved} are not this run's {now}; resume with its config")
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def group_layout(groups: list[dict]) -> list[tuple[str | None, int]]:
+    """Each optimizer group's role and size: what a saved state must match to be loaded into an optimizer."""
+    return [(group.get("role"), len(group["params"])) for group in groups]
 
 
 def digest(header: str, tensors: dict[str, Tensor]) -> str:

@@ -243,6 +243,12 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ValueError(f"{where} has no run config in its header; it was not written by train.py")
     check_same_model(saved["model"], config["model"], where)
+    then, now = (saved.get("optim") or {}).get("optimizer"), config["optim"]["optimizer"]
+    if then is not None and then != now:  # its state has another shape: the first step failed with a KeyError
+        raise ValueError(
+            f"{where} was trained with optim.optimizer={then}, this run has {now}; an optimizer's state does not "
+            f"carry over to another: resume with optim={then}"
+        )
     changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != config.get(key)]
     if ckpt.meta.get("data_fingerprint") != data.fingerprint:
         changed.append("data")

@@ -191,6 +191,22 @@ def test_checkpoint_with_another_architecture(run, finished):
         run_train([*run, "model.n_layer=3", f"resume={finished / 'step_0000010.safetensors'}"])
 
 
+@pytest.mark.parametrize(("trained", "resumed"), [("adamw", "muon"), ("muon", "adamw")])
+def test_resuming_with_another_optimizer_is_refused_before_the_run_is_touched(run, tmp_path, trained, resumed):
+    # Defect: the header printed, the first step died in a KeyError ('momentum', or 'step' in torch's Adam), and by
+    # then config.yaml said the other optimizer, run_info.json was rewritten and summary.json deleted.
+    run_train([*run, f"optim={trained}", "max_steps=4", "eval_interval=2"])
+    out_dir = tmp_path / "run"
+    before = {p: p.read_bytes() for p in sorted(out_dir.rglob("*")) if p.is_file()}
+    with pytest.raises(ValueError) as refused:
+        run_train([*run, f"optim={resumed}", "max_steps=8", "eval_interval=2", "resume=auto"])
+    assert one_line(refused).endswith(
+        f"was trained with optim.optimizer={trained}, this run has {resumed}; an optimizer's state does not carry "
+        f"over to another: resume with optim={trained}"
+    )
+    assert {p: p.read_bytes() for p in sorted(out_dir.rglob("*")) if p.is_file()} == before
+
+
 def test_weights_only_checkpoint_cannot_be_resumed(run, tmp_path, finished):
     model, ckpt = load_model(finished / "step_0000010.safetensors")
     path = save_checkpoint(tmp_path / "weights.safetensors", model, None, {"config": ckpt.meta["config"]})

@@ -49,6 +49,16 @@ def saved(tmp_path) -> Path:
     return save_checkpoint(tmp_path / "ckpt.safetensors", model, optimizer, {"step": 7})
 
 
+def test_an_optimizer_state_of_other_groups_is_refused_not_loaded(saved):
+    # torch loads any state whose group sizes add up; the first step then failed, or updated the wrong tensors
+    fresh, _ = trained_pair(seed=1)
+    split = list(fresh.parameters())
+    other = torch.optim.AdamW([{"params": split[:3], "role": "gain"}, {"params": split[3:], "role": "hidden"}])
+    refusal = r"^the checkpoint's optimizer groups \[.*\] are not this run's \[\('gain', 3\)"
+    with pytest.raises(ValueError, match=refusal):
+        restore_optimizer(other, load_checkpoint(saved))
+
+
 def test_round_trip_restores_weights_and_optimizer(saved):
     model, optimizer = trained_pair()
     fresh, fresh_optimizer = trained_pair(seed=1)
