@@ -5,6 +5,7 @@ keys no field reads), and a config Hydra cannot compose said in one line. traini
 import contextlib
 import dataclasses
 import difflib
+import os
 import re
 import shlex
 import typing
@@ -138,5 +139,7 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
         if OmegaConf.get_type(cfg) is not StudyRunConfig:  # a sweep job's YAML (cli/sweep_jobs.py): typed again here
             cfg = OmegaConf.merge(OmegaConf.structured(StudyRunConfig), cfg)
         cfg = OmegaConf.to_object(cfg)
+    if cfg.out_dir is not None:  # '~/runs' is the home folder's, as data.files and resume read it: not ./~/runs
+        cfg.out_dir = os.path.expanduser(cfg.out_dir)
     cfg.validate()
     return cfg

@@ -325,6 +325,15 @@ def test_out_dir_under_a_file(shared_corpus_overrides, tmp_path):
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+def test_out_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde(run, tmp_path, monkeypatch):
+    # Defect: "out_dir='~/x'" (Hydra's quotes, as its error advised) made ./~/x, and the closing lines said ~/x
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    run_train([*run[:-1], "out_dir='~/x'", "max_steps=2"])
+    assert (tmp_path / "home" / "x" / "checkpoints" / "best.safetensors").is_file()
+    assert not (tmp_path / "~").exists()
+
+
 def test_out_dir_that_is_a_dangling_symlink(shared_corpus_overrides, tmp_path):
     # Defect: it said only "[Errno 17] File exists: '...'" for a symlink whose target is gone.
     (tmp_path / "link").symlink_to(tmp_path / "gone")
