@@ -59,7 +59,7 @@ def main(cfg: DictConfig) -> float | None:
             cfg.out_dir = str(cli.new_run_dir())  # under torchrun, train() gives every rank rank 0's
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
-            raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides)
+            raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides, train_cfg)
         resolve_budget(train_cfg)  # a study's iso_flop / iso_time budget becomes max_steps, before the run
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:

@@ -4,6 +4,7 @@ and how to sample from it or continue it, and the sweep's closing hint.
 """
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -180,15 +181,45 @@ def run_dir_itself(out_dir: Path) -> Path:
     return target if out_dir.is_absolute() else Path(os.path.relpath(target))
 
 
-def nothing_to_resume(out_dir: Path, overrides: Sequence[str]) -> ValueError:
-    """resume=auto without out_dir: a new directory has nothing in it; point at the newest run."""
+def nothing_to_resume(out_dir: Path, overrides: Sequence[str], cfg: TrainConfig) -> ValueError:
+    """resume=auto without out_dir: a new directory has nothing in it; point at the newest run, with the overrides
+    that give this command's config the newest run's (else the command it prints was refused, naming one field)."""
     newest = newest_run(OUTPUTS)
-    hint = (
-        f"the newest run with checkpoints is {newest}: {continue_command(newest, overrides)}"
-        if newest
-        else "no run under outputs/ has checkpoints"
-    )
+    hint = "no run under outputs/ has checkpoints"
+    if newest:
+        command = continue_command(newest, [*overrides, *config_differences(newest, cfg)])
+        hint = f"the newest run with checkpoints is {newest}: {command}"
     return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
+
+
+def config_differences(run: Path, cfg: TrainConfig) -> list[str]:
+    """Overrides that turn `cfg` into the config `run` was started with (its config.yaml), except the run's place
+    and ends, which a continue command sets itself; none where the run has no config to read."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
+    except Exception:  # missing, unreadable or not YAML: the plain command, as before
+        return []
+    differences: list[str] = []
+
+    def walk(then: dict, now: dict, prefix: str) -> None:
+        for key, value in then.items():
+            name = prefix + str(key)
+            if isinstance(value, dict) and isinstance(now.get(key), dict):
+                walk(value, now[key], name + ".")
+            elif name not in (*RUN_KEYS, *END_KEYS, "model.vocab_size") and key in now and now[key] != value:
+                differences.append(f"{name}={override_text(value)}")  # vocab_size: the run filled it in
+
+    walk(saved, dataclasses.asdict(cfg), "")
+    return differences
+
+
+def override_text(value: Any) -> str:
+    """A config value as an override writes it: null, true, 0.5, [a,b], a path in Hydra's quotes where needed."""
+    if isinstance(value, list):
+        return "[" + ",".join(override_text(v) for v in value) + "]"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return str(value) if isinstance(value, int | float) else hydra_value(str(value))
 
 
 def how_far(out_dir: Path) -> dict[str, Any] | None:

@@ -190,6 +190,23 @@ def test_resume_auto_without_out_dir_says_there_is_nothing_and_where_the_newest_
     assert checksums(work) == before and sorted(p.name for p in (work / "outputs").iterdir()) == ["old"]
 
 
+def test_the_newest_run_that_resume_auto_points_at_continues_as_pasted(corpus_args, tmp_path):
+    # Defect: the command it printed carried this command's overrides, not the newest run's, so pasted it was
+    # refused: "has model.n_head=4 but this run has model.n_head=2".
+    work = tmp_path / "cwd"
+    work.mkdir()
+    first = run_cli([str(ROOT / "train.py"), *corpus_args, "model.n_head=4", "out_dir=outputs/old"], cwd=work)
+    assert first.returncode == 0, first.stderr[-2000:]
+    line = one_error_line(run_cli([str(ROOT / "train.py"), *corpus_args, "resume=auto"], cwd=work))
+    command = line.split("the newest run with checkpoints is outputs/old: ", 1)[1]
+    assert "model.n_head=4" in shlex.split(command)
+    pasted = subprocess.run(
+        ["bash", "-c", command.replace("train.py", str(ROOT / "train.py"), 1) + " max_steps=12"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert pasted.returncode == 0 and "resuming from outputs/old/checkpoints" in pasted.stderr, pasted.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
