@@ -170,11 +170,16 @@ def hydra_overridden_keys(run_dir: Path) -> set[str]:
         return set()
 
 
+def sweep_jobs(params: list[str], task: list[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands a recipe's hydra.sweeper.params and a command line:
+    the product of each key's values, where the command line's values for a key the recipe also sweeps replace
+    the recipe's (`+experiment=vaswani_a_default model.n_head=1,2` is 2 x 5 seeds, not 5 x 2 x 5)."""
+    return [list(job) for job in BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0]]
+
+
 def count_jobs(params: list[str], task: list[str]) -> int:
-    """Jobs Hydra's basic sweeper runs for a recipe's hydra.sweeper.params and a command line: the product of
-    each key's values, where the command line's values for a key the recipe also sweeps replace the recipe's
-    (`+experiment=vaswani_a_default model.n_head=1,2` is 2 x 5 seeds, not 5 x 2 x 5)."""
-    return len(BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0])
+    """How many jobs `sweep_jobs` gives."""
+    return len(sweep_jobs(params, task))
 
 
 def planned_jobs(sweep_dir: Path) -> int | None:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from analysis.sweep import count_jobs
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
+from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
 from rundir.files import RunDirInUse, live_run_in
@@ -422,6 +423,8 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
         )
     if sweep and (folder := next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)):
         check_no_live_job(Path(folder))
+    if sweep and info.is_main:
+        check_every_job([arg for arg in args if arg not in multirun])  # before Hydra makes the sweep's folder
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:
         return argv

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -208,16 +209,37 @@ def test_a_sweep_with_a_failed_job_still_ends_with_its_folder_and_the_report_com
     # without the hint; the other job still runs, and the error stays the last line.
     sweep = tmp_path / "sweep"
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + ["max_steps=2", "sample_tokens=0"]
-    cmd = [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep}", "model.n_head=1,3"]
+    # The second job fails once its data is read (more tokens a batch than the corpus holds): a config's own
+    # values are checked for every job before the first starts (the test below).
+    cmd = [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep}", "batch_size=2,100000"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert lines[-3:] == [
+    assert lines[-3:-1] == [
         f"sweep done, with failed jobs (the report lists them): {sweep}",
         f"  report: python scripts/ablation_report.py {sweep}",
-        "error: model.d_model (32) must be divisible by model.n_head (3) when model.d_k is not set",
     ]
+    assert re.fullmatch(r"error: the train split has \d+ tokens, fewer than one batch needs .*", lines[-1]), lines[-1]
     assert (sweep / "0" / "checkpoints" / "step_0000002.safetensors").is_file()
+
+
+def test_a_sweep_with_a_bad_value_in_a_later_job_is_refused_before_any_job_runs(tiny_run_overrides, tmp_path):
+    # Defect: job 0 trained in full, then job 1 stopped the sweep on a value its config could never take;
+    # a key Hydra cannot place left a sweep folder holding only its multirun.yaml.
+    sweep = tmp_path / "sweep"
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + ["max_steps=2", "sample_tokens=0"]
+    cases = {
+        "model.n_head=1,3": "error: sweep job 1 of 2 (model.n_head=3), checked before any job runs: model.d_model (32) "
+        "must be divisible by model.n_head (3) when model.d_k is not set",
+        "model.n_haed=1,2": "error: sweep job 0 of 2 (model.n_haed=1), checked before any job runs: unknown config key "
+        "model.n_haed (did you mean model.n_head?)",
+    }
+    for swept, message in cases.items():
+        cmd = [sys.executable, "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep}", swept]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert done.stderr.strip().splitlines()[-1].startswith(message), done.stderr[-3000:]
+        assert not sweep.exists()
 
 
 def test_out_dir_given_to_a_sweep_is_refused_before_any_folder(tmp_path):

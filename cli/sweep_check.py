@@ -1,0 +1,43 @@
+"""Every job of a sweep composed and checked before the first one starts: a bad value in the third job of
+`model.n_head=2,3,5` stopped the sweep after two jobs' training, and a key Hydra could not place left a sweep
+folder holding only its multirun.yaml. The jobs are the ones Hydra's basic sweeper will run (the recipe's
+hydra.sweeper.params, then the command line: analysis.sweep.sweep_jobs), each composed through Hydra's compose
+API and read by the schema's checks (cli.config.to_train_config), before Hydra itself starts."""
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from analysis.sweep import sweep_jobs
+from cli.config import CONFIG_DIR, composition_error, register_configs, to_train_config
+
+
+def check_every_job(task: list[str]) -> None:
+    """ValueError naming the first job of the sweep `task` (a command line's overrides) that Hydra cannot compose
+    or the schema refuses; nothing for a sweeper that chooses its jobs as it goes (optuna, ...)."""
+    parser = OverridesParser.create()
+    fixed = [o for o in task if not parser.parse_override(o).is_sweep_override()]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        try:
+            plan = compose(config_name="config", overrides=fixed, return_hydra_config=True).hydra.sweeper
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ValueError(composition_error(e)) from None
+        if not str(plan.get("_target_", "BasicSweeper")).endswith("BasicSweeper"):
+            return
+        jobs = sweep_jobs([f"{key}={value}" for key, value in (plan.get("params") or {}).items()], task)
+        shared = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
+        for number, overrides in enumerate(jobs):
+            own = [o for o in overrides if o not in shared] or overrides  # what sets this job apart from the others
+            where = f"sweep job {number} of {len(jobs)} ({' '.join(own)}), checked before any job runs"
+            try:
+                job = compose(config_name="config", overrides=overrides)
+                with open_dict(job):
+                    job.out_dir = job.out_dir or f"job-{number}"  # Hydra names the job's folder when it runs
+                to_train_config(job)
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ValueError(f"{where}: {composition_error(e)}") from None
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
