@@ -25,7 +25,7 @@ from analysis.sweep import count_jobs
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
-from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint
+from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
 from rundir.files import RunDirInUse, live_run_in
 from training.config import TrainConfig
 from training.distributed import DistInfo
@@ -407,6 +407,22 @@ def check_no_live_job(sweep_dir: Path) -> None:
             raise ValueError(f"hydra.sweep.dir={sweep_dir} holds a live sweep ({held}); wait for it or give another")
 
 
+def check_no_finished_jobs(sweep_dir: Path, args: Sequence[str]) -> None:
+    """A sweep into a folder whose jobs hold runs is refused before Hydra writes anything, unless it continues
+    them (resume=) or replaces them (overwrite=true): each job refused itself, but only after Hydra had rewritten
+    the finished sweep's multirun.yaml and every job's .hydra/ files with the new command's."""
+    given = {override_key(a): a.partition("=")[2] for a in args}
+    if given.get("resume", "null") != "null" or given.get("overwrite", "false").lower() == "true":
+        return
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and run_files(p)) if sweep_dir.is_dir() else []
+    if jobs:
+        held = f"{jobs[0].name}/: {', '.join(run_files(jobs[0]))}"
+        raise ValueError(
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep's runs ({held}); "
+            "continue it with resume=auto, replace its runs with overwrite=true, or give another folder"
+        )
+
+
 def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     """Hydra's command line on this rank: `-m` before the overrides, wherever it was typed (Hydra's parser
     refuses overrides on both sides of it, with its whole usage); ranks other than 0 write nothing of their
@@ -423,6 +439,7 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
         )
     if sweep and (folder := next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)):
         check_no_live_job(Path(folder))
+        check_no_finished_jobs(Path(folder), args)
     if sweep and info.is_main:
         check_every_job([arg for arg in args if arg not in multirun])  # before Hydra makes the sweep's folder
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]

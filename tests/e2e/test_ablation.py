@@ -269,6 +269,26 @@ def test_out_dir_given_to_a_recipe_that_is_itself_a_sweep_is_refused_before_any_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_new_sweep_into_a_finished_sweeps_folder_is_refused_before_it_writes(tmp_path, shared_corpus_overrides):
+    # Defect: each job refused itself ("already holds another run's files"), but Hydra had already rewritten the
+    # finished sweep's multirun.yaml and every job's .hydra/ files with the refused command's overrides.
+    sweep, data = tmp_path / "sweep", [*shared_corpus_overrides, "sample_tokens=0"]
+    sweep_args = ["model.n_head=1,2", f"hydra.sweep.dir={sweep}"]
+    first = run_cli([str(ROOT / "train.py"), "-m", *data, "max_steps=2", *sweep_args])
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in sorted(sweep.rglob("*")) if p.is_file()}
+    again = [str(ROOT / "train.py"), "-m", *data, "max_steps=3", *sweep_args]
+    done = run_cli(again)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: hydra.sweep.dir={sweep} already holds a sweep's runs (0/: checkpoints, ")
+    assert line.endswith("continue it with resume=auto, replace its runs with overwrite=true, or give another folder")
+    assert {p: p.read_bytes() for p in sorted(sweep.rglob("*")) if p.is_file()} == before
+    continued = run_cli([*again, "resume=auto"])  # as the line says: each job goes on to step 3
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert all(json.loads((sweep / job / "summary.json").read_text())["step"] == 3 for job in ("0", "1"))
+
+
 def test_a_second_sweep_into_a_live_sweeps_folder_is_refused_before_it_writes(tmp_path, shared_corpus_overrides):
     # Defect: the refused second sweep had already rewritten the live job's .hydra/*.yaml (its overrides then
     # named another config), appended to its train.log and replaced multirun.yaml.
