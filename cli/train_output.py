@@ -437,9 +437,16 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
             f"{given[0]} does not apply to a sweep ({sweep}): each job writes to its own folder under "
             f"hydra.sweep.dir; give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
         )
-    if sweep and (folder := next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)):
+    folder = next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)
+    if sweep and folder:
         check_no_live_job(Path(folder))
         check_no_finished_jobs(Path(folder), args)
+    auto = any(override_key(a) == "resume" and a.partition("=")[2] == "auto" for a in args)
+    if sweep and not folder and auto:  # a new, dated folder holds nothing to continue: it started afresh unsaid
+        raise ValueError(
+            "resume=auto continues a sweep in its own folder, and without hydra.sweep.dir this one gets a new "
+            "dated folder with nothing in it: give hydra.sweep.dir=FOLDER (its sweep done: line names it)"
+        )
     if sweep and info.is_main:
         check_every_job([arg for arg in args if arg not in multirun])  # before Hydra makes the sweep's folder
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]

@@ -289,6 +289,17 @@ def test_a_new_sweep_into_a_finished_sweeps_folder_is_refused_before_it_writes(t
     assert all(json.loads((sweep / job / "summary.json").read_text())["step"] == 3 for job in ("0", "1"))
 
 
+def test_resume_auto_for_a_sweep_without_its_folder_is_refused_before_any_folder(tmp_path):
+    # Defect: it started a new sweep in a new dated folder, the old one left as it was, without a word
+    done = run_cli([str(ROOT / "train.py"), "-m", "+debug=tiny", "model.n_head=1,2", "resume=auto"], cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        "error: resume=auto continues a sweep in its own folder, and without hydra.sweep.dir this one gets a new "
+        "dated folder with nothing in it: give hydra.sweep.dir=FOLDER (its sweep done: line names it)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_second_sweep_into_a_live_sweeps_folder_is_refused_before_it_writes(tmp_path, shared_corpus_overrides):
     # Defect: the refused second sweep had already rewritten the live job's .hydra/*.yaml (its overrides then
     # named another config), appended to its train.log and replaced multirun.yaml.
