@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rundir.checkpoint import load_checkpoint, save_checkpoint
-from rundir.files import NO_SPACE, NOT_A_RUN, atomic_write_bytes, link_or_copy
+from rundir.files import METRICS, NO_SPACE, NOT_A_RUN, RUN_INFO, SUMMARY, atomic_write_bytes, link_or_copy
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ def find_checkpoint(path: str | Path) -> Path:
     )
 
 
+RUN_RECORDS = ("checkpoints", "config.yaml", METRICS, RUN_INFO, SUMMARY)  # what any run writes into its directory
+
+
 class CheckpointDir:
     """`step_0000500.safetensors`, ... (the newest `keep_last`, or every one for None) and `best.safetensors`."""
 
@@ -79,7 +82,11 @@ class CheckpointDir:
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            if held := self._files_in_the_way(overwrite):
+            if (held := self._files_in_the_way(overwrite)) and not self.holds_a_run():
+                raise ValueError(  # not "another run's files": `out_dir=.` in the repository named .git, README.md
+                    f"{self.directory.parent} holds files no run wrote ({held}); give a new or empty out_dir"
+                )
+            if held:
                 if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
                     raise ValueError(
                         f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
@@ -128,6 +135,10 @@ class CheckpointDir:
                 )
         self.adopt(keep_up_to=step)
         return path
+
+    def holds_a_run(self) -> bool:
+        """Whether the run directory holds a record some run writes (its checkpoints, config, metrics, summary)."""
+        return any((self.directory.parent / name).exists() for name in RUN_RECORDS)
 
     def _files_in_the_way(self, overwrite: bool) -> str:
         """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""

@@ -395,7 +395,8 @@ def test_a_refused_start_in_an_existing_directory_leaves_no_lock_file(corpus_arg
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="already holds another run's files"):
+    # Defect too: it called notes.txt "another run's files" and offered overwrite=true (`out_dir=.` named .git)
+    with pytest.raises(ValueError, match=r"mine holds files no run wrote \(notes.txt\); give a new or empty out_dir$"):
         run_train([*corpus_args, f"out_dir={mine}"])
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
