@@ -437,6 +437,10 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
             f"{given[0]} does not apply to a sweep ({sweep}): each job writes to its own folder under "
             f"hydra.sweep.dir; give hydra.sweep.dir={given[0].partition('=')[2] or 'DIR'} instead"
         )
+    if not sweep and (given := [arg for arg in args if override_key(arg) == "hydra.run.dir"]):
+        raise ValueError(  # Hydra made that folder and left it empty: train.py names a run's folder itself
+            f"{given[0]} does not place the run: give out_dir={given[0].partition('=')[2] or 'DIR'} instead"
+        )
     folder = next((a.partition("=")[2] for a in args if override_key(a) == "hydra.sweep.dir"), None)
     if sweep and folder:
         check_no_live_job(Path(folder))

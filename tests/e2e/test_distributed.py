@@ -86,11 +86,14 @@ def test_bad_distributed_values_are_refused(tiny_run_overrides, overrides, messa
 
 
 def test_other_ranks_give_hydra_no_run_directory_of_their_own():
-    argv = ["train.py", "max_steps=5", "hydra.run.dir=mine"]
+    argv = ["train.py", "max_steps=5", "hydra.output_subdir=mine"]
     assert hydra_argv(argv, DistInfo(rank=0, world_size=2)) == argv
     other = hydra_argv(argv, DistInfo(rank=1, world_size=2))
-    assert other[:2] == ["train.py", "max_steps=5"] and "hydra.run.dir=mine" not in other
+    assert other[:2] == ["train.py", "max_steps=5"] and "hydra.output_subdir=mine" not in other
     assert {"hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none"} <= set(other)
+    # a run's folder is out_dir: Hydra's run directory was made and left empty, the run written elsewhere
+    with pytest.raises(ValueError, match=r"^hydra.run.dir=mine does not place the run: give out_dir=mine instead$"):
+        hydra_argv(["train.py", "hydra.run.dir=mine"], DistInfo(rank=0, world_size=1))
 
 
 def test_other_ranks_get_no_log_handler_from_hydra():
