@@ -60,7 +60,13 @@ def main(cfg: DictConfig) -> float | None:
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
             raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides, train_cfg)
+        given = train_cfg.max_steps
         resolve_budget(train_cfg)  # a study's iso_flop / iso_time budget becomes max_steps, before the run
+        if train_cfg.max_steps != given and any(cli.override_key(o) == "max_steps" for o in overrides):
+            log.warning(  # `+experiment=ablate_heads_iso_flop max_steps=3` trained 31,999 steps without a word
+                "fairness.mode=%s sets max_steps=%d from its budget, in place of the max_steps=%d given "
+                "(fairness.mode=fixed_d_model keeps yours)", train_cfg.fairness.mode, train_cfg.max_steps, given,
+            )  # fmt: skip
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))

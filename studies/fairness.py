@@ -144,7 +144,9 @@ def whole_steps(name: str, budget: float, steps: float, one_step: str) -> int:
 def max_steps_for(cfg: FairnessConfig, probe: Trainer) -> int:
     """max_steps under iso_flop (from the FLOP budget) or iso_time (from a probe's measured step time)."""
     if cfg.mode == "iso_flop":
-        return steps_for_flops(cfg.flop_budget, probe.model.flops_per_token(), probe.tokens_per_step)
+        steps = steps_for_flops(cfg.flop_budget, probe.model.flops_per_token(), probe.tokens_per_step)
+        log.info("iso_flop: %.3g FLOPs -> max_steps %d", cfg.flop_budget, steps)
+        return steps
     seconds = measure_seconds_per_step(probe, cfg.calibration_steps)
     steps = steps_for_time(cfg.time_budget_s, seconds)
     log.info("iso_time: %.3f s/step -> max_steps %d", seconds, steps)

@@ -138,9 +138,10 @@ def run_header(trainer: Trainer) -> str:
     ends = [f"{cfg.max_steps} steps" if cfg.max_steps else "", f"{cfg.budget_s:g} s budget" if cfg.budget_s else ""]
     start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
     context = f" (context {m.block_size})" if m.train_length < m.block_size else ""  # train short, score long
+    heads = f"{m.n_head} {'head' if m.n_head == 1 else 'heads'} x d_k {m.head_dim}"
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
-        f"{m.n_head} heads x d_k {m.head_dim}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
+        f"{heads}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
         f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision}{' compiled' if trainer.compiled else ''} | "
         f"{' or '.join(e for e in ends if e)}, "
         f"{trainer.tokens_per_step:,} tokens/step in sequences of {m.train_length}{context}{start}\n"

@@ -95,6 +95,22 @@ def test_iso_flop_runs_spend_the_same_budget(tiny_run_overrides, tmp_path):
         assert budget - step_flops < summary["train_flops"] <= budget
 
 
+def test_a_max_steps_given_beside_a_study_budget_is_said_to_be_replaced(tiny_run_overrides, tmp_path):
+    # Defect: `+experiment=ablate_heads_iso_flop max_steps=3` trained 31,999 steps without a word
+    run = [str(ROOT / "train.py"), *tiny_run_overrides, "fairness.mode=iso_flop", "fairness.flop_budget=1e9"]
+    done = run_cli([*run, "max_steps=3", "sample_tokens=0"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = read_json(tmp_path / "run" / "summary.json")["step"]
+    assert (
+        steps != 3
+        and (
+            f"fairness.mode=iso_flop sets max_steps={steps} from its budget, in place of the max_steps=3 given "
+            "(fairness.mode=fixed_d_model keeps yours)"
+        )
+        in done.stderr
+    )
+
+
 def test_iso_time_calibration_leaves_the_run_as_it_would_be(tiny_run_overrides, tmp_path, monkeypatch):
     measured, real_measure = [], fairness.measure_seconds_per_step
 
