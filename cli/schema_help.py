@@ -184,3 +184,14 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def check_device_option(parser: argparse.ArgumentParser, device: str) -> None:
+    """A --device this machine lacks is a bad command line: one `error:` line and exit 2, in every tool alike
+    (attention_map.py and head_importance.py exited 1 where sample.py and lab.py exited 2)."""
+    from training.runtime import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        parser.error(str(e))

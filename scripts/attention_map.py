@@ -25,7 +25,7 @@ from analysis.attention import MAX_MAP_TOKENS, attention_maps, token_label, toke
 from analysis.outputs import check_replaceable
 from analysis.trained import load_trained
 from cli.errors import exit_with_error
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, check_device_option
 from generation.generate import encode_prompt
 from rundir.records import image_path
 from training.runtime import resolve_device
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N | mps")
     parser.add_argument("--force", action="store_true", help="replace the --out image if it exists")
     args = parser.parse_args(argv)
+    check_device_option(parser, args.device)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         path = write_attention_map(args.checkpoint, args.prompt, args.out, args.cache_dir, args.device, args.force)

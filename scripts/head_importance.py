@@ -38,7 +38,7 @@ from analysis.importance_over_training import write_importance_over_training
 from analysis.outputs import check_out_dir, check_replaceable
 from analysis.trained import load_trained
 from cli.errors import exit_with_error
-from cli.schema_help import OneLineParser
+from cli.schema_help import OneLineParser, check_device_option
 from training.runtime import resolve_device
 
 log = logging.getLogger("head_importance")
@@ -211,6 +211,7 @@ def main() -> None:
         help="target is a run directory: measure every step checkpoint and plot importance against the step",
     )
     args = parser.parse_args()
+    check_device_option(parser, args.device)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if args.over_training:

@@ -18,10 +18,9 @@ if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.errors import exit_with_error
-from cli.schema_help import OneLineParser, at_least
+from cli.schema_help import OneLineParser, at_least, check_device_option
 from lab.server import is_loopback, make_server, url_of
 from lab.session import LabSession
-from training.runtime import resolve_device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,10 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is invalid; it must be 0 to 65535 (0 = a free one)")
-    try:
-        resolve_device(args.device)  # a device this machine lacks is a bad option, as in sample.py
-    except ValueError as e:
-        parser.error(str(e))
+    check_device_option(parser, args.device)
     return args
 
 

@@ -66,7 +66,7 @@ def char_checkpoint(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--device", "bogus"], r"device='bogus' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
+        (["--device", "bogus"], r"device='bogus' is invalid; use auto, cpu, cuda, cuda:N or mps \(see --help\)$"),
         (["--text", "bin.txt"], r"--text 'bin.txt' is not UTF-8 text \(byte 4\); give a UTF-8 text file$"),
         (["--tokens", "10"], r"--tokens 10 is less than one batch of 8 windows of block_size 16; give at least 128$"),
         (["--tokens", "10", "--text", "t.txt"], r"--tokens 10 is less than one window of block_size 16; give at least"),
@@ -80,10 +80,13 @@ def test_head_importance_bad_device_text_and_tokens_are_one_line(tmp_path, args,
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
-def test_head_importance_on_cuda_without_cuda_is_one_line(tmp_path):
+@pytest.mark.parametrize("tool", ["scripts/head_importance.py", "scripts/attention_map.py", "scripts/lab.py"])
+def test_a_device_this_machine_lacks_is_a_bad_command_line_in_every_tool(tmp_path, tool):
+    # Defect: attention_map.py and head_importance.py exited 1 where sample.py and lab.py exited 2
     char_checkpoint(tmp_path)
-    message = r"device='cuda' was asked for but CUDA is not available; use device=auto or cpu$"
-    assert_one_error_line(tmp_path, ["scripts/head_importance.py", "ckpt.safetensors", "--device", "cuda"], message)
+    message = r"device='cuda' was asked for but CUDA is not available; use device=auto or cpu \(see --help\)$"
+    assert_one_error_line(tmp_path, [tool, "ckpt.safetensors", "--device", "cuda"], message)
+    assert run_cli([str(ROOT / tool), "ckpt.safetensors", "--device", "cuda"], cwd=tmp_path).returncode == 2
 
 
 def test_head_importance_an_out_directory_the_system_refuses_is_one_line(tmp_path):

@@ -159,7 +159,7 @@ def snapshot(directory: Path) -> dict:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--device", "foo"], r"^error: device='foo' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
+        (["--device", "foo"], r"^error: device='foo' is invalid; use auto, cpu, cuda, cuda:N or mps \(see --help\)$"),
         (
             ["--out", "TMP/file.txt/attn.png"],
             r"^error: --out '.*file.txt/attn.png' cannot be written: '.*file.txt' is a",
