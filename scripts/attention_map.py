@@ -10,7 +10,9 @@ existing file is replaced only with --force. A bad input prints one line `error:
 
 import argparse
 import logging
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -35,8 +37,15 @@ log = logging.getLogger("attention_map")
 
 def plot_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str = "") -> Path:
     """maps (n_layer, n_head, T, T) -> a PNG grid with the token labels on both axes."""
-    with matplotlib.rc_context({"text.parse_math": False}):  # a prompt's "$...$" is text, not a TeX formula
-        return draw_attention(maps, labels, path, title)
+    with matplotlib.rc_context({"text.parse_math": False}), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # a prompt's "$...$" is text (above), a glyph the font lacks a note (below)
+        drawn = draw_attention(maps, labels, path, title)
+    missing = sorted({chr(int(m[1])) for w in caught if (m := re.match(r"Glyph (\d+) ", str(w.message)))})
+    if missing:  # matplotlib warned once per glyph, with its own source line: one line instead
+        log.info("note: the font has no glyph for %s; drawn as boxes", ", ".join(repr(c) for c in missing))
+    for other in (w for w in caught if not str(w.message).startswith("Glyph ")):
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    return drawn
 
 
 def draw_attention(maps: torch.Tensor, labels: list[str], path: Path, title: str) -> Path:

@@ -7,6 +7,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import matplotlib
 import pytest
 import torch
 
@@ -242,3 +243,16 @@ def test_a_prompt_with_dollar_signs_is_drawn_as_typed_not_parsed_as_mathtext(tmp
     ckpt = save_checkpoint(tmp_path / "ckpt.safetensors", GPT(cfg), None, meta)
     png = write_attention_map(ckpt, "$\\frac{a}{b}$ x^", tmp_path / "dollars.png")
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_character_the_font_lacks_is_one_note_not_a_warning_per_glyph(tmp_path, caplog, recwarn):
+    # matplotlib wrote "UserWarning: Glyph 127881 ... missing from font(s)" with its own source line, per glyph
+    tokenizer = CharTokenizer("".join(sorted(set("hi \U0001f389"))))
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2, d_model=16)
+    meta = {"step": 0, "config": {"model": asdict(cfg)}, "tokenizer": tokenizer.to_meta()}
+    ckpt = save_checkpoint(tmp_path / "ckpt.safetensors", GPT(cfg), None, meta)
+    with caplog.at_level("INFO", logger="attention_map"), matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+        write_attention_map(ckpt, "hi \U0001f389 hi \U0001f389", tmp_path / "emoji.png")  # matplotlib's font has none
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
+    assert notes == ["note: the font has no glyph for '\U0001f389'; drawn as boxes"]
+    assert not [w for w in recwarn if "Glyph" in str(w.message)]
