@@ -21,7 +21,6 @@ not leak between rows.
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -45,7 +44,7 @@ from cli.config import compose_configs, composition_error, to_train_config
 from cli.schema_help import OneLineParser, at_least
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
-from interop.hf_model import to_hf_config
+from interop.hf_model import in_gpt2_layout, to_hf_config
 from model import GPT
 from rundir.files import SUMMARY
 from rundir.records import mfu
@@ -94,11 +93,9 @@ class HFAdapter(torch.nn.Module):
         super().__init__()
         from transformers import GPT2LMHeadModel
 
-        # The same shape in GPT-2's layout, which has learned positions and no QK-norm (our default has RoPE and
-        # QK-norm; its continuous cache only predicts); to_hf_config refuses the rest GPT-2 cannot express (d_k !=
-        # d_model / n_head, GQA, ...).
-        gpt2_layout = {"pos_encoding": "learned", "qk_norm": False, "tie_embeddings": True, "attn_gate": None}
-        hf_cfg = to_hf_config(dataclasses.replace(cfg.model, **gpt2_layout, pointer_weight=0.0))
+        # The same sizes in GPT-2's layout (learned positions, no QK-norm, no gate, windows, mix or bigram table, a
+        # tied head: every field GPT-2 fixes, at its default), which is what HF's GPT2LMHeadModel computes.
+        hf_cfg = to_hf_config(in_gpt2_layout(cfg.model))
         hf_cfg.activation_function = activation  # a name for GELU's tanh form, as ours
         hf_cfg.resid_pdrop = hf_cfg.embd_pdrop = hf_cfg.attn_pdrop = 0.0
         hf_cfg._attn_implementation = "sdpa"

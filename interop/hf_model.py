@@ -101,10 +101,20 @@ FREE_IN_GPT2 = {
 }
 
 
+def gpt2_fixed() -> dict[str, object]:
+    """Every GPTConfig field GPT-2 fixes, at its value there (the field's default)."""
+    return {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name not in FREE_IN_GPT2}
+
+
+def in_gpt2_layout(config: GPTConfig) -> GPTConfig:
+    """`config`'s sizes with GPT-2's architecture: every field GPT-2 fixes at its default (bench_train's GPT-2 row)."""
+    return dataclasses.replace(config, **gpt2_fixed())
+
+
 def check_gpt2_compatible(config: GPTConfig) -> None:
     """Raise ValueError naming every setting GPT2LMHeadModel cannot represent, and the overrides that
     train a model it can (all at once: a user fixing them one at a time would retrain once each)."""
-    gpt2 = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name not in FREE_IN_GPT2}
+    gpt2 = gpt2_fixed()
     why = {"pos_encoding": "learned positions", "n_kv_head": f"one key/value head per query head ({config.n_head})"}
     why |= {"qk_norm": "no QK-norm", "d_k": f"heads of d_model / n_head = {config.d_model / config.n_head:g} dims"}
     why |= {"pointer_weight": "no continuous cache", "train_block_size": "learned positions, trained at every one"}
