@@ -57,6 +57,7 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
         with StopSignals() as stop:
             start_records(trainer)
             warn_if_busy(cfg, dist)
+            warn_if_dropout_across_ranks(cfg, dist)
             if resumed is not None:
                 restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
             metrics = trainer.fit(stop)
@@ -116,6 +117,19 @@ def start_records(trainer: Trainer) -> None:
         log.info("%s", run_header(trainer))
 
     distributed.on_main(start, trainer.dist)
+
+
+def warn_if_dropout_across_ranks(cfg: TrainConfig, dist: DistInfo) -> None:
+    """Once, where several processes train with dropout: each draws masks for its part of a micro-batch, so the
+    run matches one process in distribution, not step for step, as it does without dropout (docs/guide.md)."""
+    if dist.world_size > 1 and dist.is_main and (cfg.model.dropout > 0 or cfg.model.attention_dropout > 0):
+        log.warning(
+            "with dropout (model.dropout=%g, attention %g), %d processes draw other masks than one process would: "
+            "the losses match one process's in distribution, not step for step",
+            cfg.model.dropout,
+            cfg.model.attention_dropout,
+            dist.world_size,
+        )
 
 
 def warn_if_busy(cfg: TrainConfig, dist: DistInfo) -> None:

@@ -278,3 +278,19 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrid
     assert two.keys() == {stopped_at + 1, stopped_at + 2}
     for step in two:
         assert two[step] == pytest.approx(one[step], abs=1e-5), step
+
+
+def test_several_processes_with_dropout_say_they_match_one_in_distribution_only(tiny_run_overrides, caplog):
+    # Defect: the guide promised one process's per-step losses to 1e-5 with no word on dropout, where 2 processes
+    # draw masks for half a micro-batch each and ended 0.02 apart after 8 steps
+    from training.setup import warn_if_dropout_across_ranks
+
+    cfg = to_train_config(compose_config([*tiny_run_overrides, "model.dropout=0.1"]))
+    plain = to_train_config(compose_config(tiny_run_overrides))
+    with caplog.at_level("WARNING"):
+        warn_if_dropout_across_ranks(plain, DistInfo(rank=0, world_size=2))
+        warn_if_dropout_across_ranks(cfg, DistInfo(rank=0, world_size=1))
+        assert caplog.records == []
+        warn_if_dropout_across_ranks(cfg, DistInfo(rank=0, world_size=2))
+    (record,) = caplog.records
+    assert record.getMessage().startswith("with dropout (model.dropout=0.1, attention 0.1), 2 processes draw other")
