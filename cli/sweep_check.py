@@ -29,7 +29,7 @@ def check_every_job(task: list[str]) -> None:
             return
         jobs = sweep_jobs([f"{key}={value}" for key, value in (plan.get("params") or {}).items()], task)
         shared = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
-        for number, overrides in enumerate(jobs):
+        for number, overrides in enumerate(jobs, start=1):  # counted as the sweep's "job i of N" lines count
             own = [o for o in overrides if o not in shared] or overrides  # what sets this job apart from the others
             where = f"sweep job {number} of {len(jobs)} ({' '.join(own)}), checked before any job runs"
             try:

@@ -100,6 +100,11 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
     created = False
     if info.enabled and not dist.is_initialized():
         backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        if backend == "nccl" and device.type != "cuda":  # it ended in torch's 'NCCL built in' traceback per rank
+            raise ValueError(
+                f"distributed.backend=nccl needs CUDA, and this run is on {device.type}: use distributed.backend=gloo "
+                "(or auto)"
+            )
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the object collectives use the current device
         dist.init_process_group(

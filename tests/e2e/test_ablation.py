@@ -245,9 +245,9 @@ def test_a_sweep_with_a_bad_value_in_a_later_job_is_refused_before_any_job_runs(
     sweep = tmp_path / "sweep"
     overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + ["max_steps=2", "sample_tokens=0"]
     cases = {
-        "model.n_head=1,3": "error: sweep job 1 of 2 (model.n_head=3), checked before any job runs: model.d_model (32) "
+        "model.n_head=1,3": "error: sweep job 2 of 2 (model.n_head=3), checked before any job runs: model.d_model (32) "
         "must be divisible by model.n_head (3) when model.d_k is not set",
-        "model.n_haed=1,2": "error: sweep job 0 of 2 (model.n_haed=1), checked before any job runs: unknown config key "
+        "model.n_haed=1,2": "error: sweep job 1 of 2 (model.n_haed=1), checked before any job runs: unknown config key "
         "model.n_haed (did you mean model.n_head?)",
     }
     for swept, message in cases.items():
