@@ -121,6 +121,8 @@ BAD_INPUTS = [
     (["scripts/ablation_report.py", "{tmp}/some_file.txt"], "is a file"),
     (["scripts/ablation_report.py", "{tmp}/missing"], "does not exist"),
     (["scripts/plot_run.py", "{tmp}/folder"], "is not a run directory"),
+    # an empty figure came back, with "wrote ...", exit 0
+    (["scripts/plot_run.py", "{tmp}/no_records", "--out", "{tmp}/x.png"], "no metrics to plot: metrics.jsonl of"),
 ]
 
 
@@ -129,6 +131,8 @@ def scratch(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("scratch")
     (tmp / "some_file.txt").write_text("mine")
     (tmp / "folder").mkdir()
+    (tmp / "no_records").mkdir()
+    (tmp / "no_records" / "metrics.jsonl").write_text('hello\n{"step": "a"}\n')
     (tmp / "bad.bin").write_bytes(bytes(range(256)) * 8)
     torch.save({"weights": torch.zeros(2)}, tmp / "pickle.bin")
     return tmp
