@@ -14,6 +14,11 @@ import random
 
 from data.tokenizer import BPETokenizer, Tokenizer
 
+# Each merge step rescans the piece, so a piece costs the square of its length: a 300 KB line without a space (a DNA
+# sequence) took hours. Longer pieces are encoded in parts of this many symbols; Shakespeare's longest has 63, so
+# its segmentations are those of the whole pieces.
+LONGEST_PIECE = 64
+
 
 class BPEDropout:
     """Encodes with `tokenizer`'s merges, skipping each candidate merge with probability `p` at each step,
@@ -37,7 +42,9 @@ class BPEDropout:
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
         for piece in self._tokenizer.pieces(text):
-            ids.extend(self._encode_piece([self._vocab[symbol] for symbol in piece]))
+            symbols = [self._vocab[symbol] for symbol in piece]
+            for start in range(0, len(symbols), LONGEST_PIECE):
+                ids.extend(self._encode_piece(symbols[start : start + LONGEST_PIECE]))
         return ids
 
     def _encode_piece(self, ids: list[int]) -> list[int]:

@@ -57,6 +57,11 @@ class DataConfig:
             raise ValueError("data.source='hub' needs data.text_column, the column that holds the text")
         if self.source == "files" and not self.files:
             raise ValueError("data.source='files' needs data.files, a list of text file paths or globs")
+        if self.files and self.source != "files":  # it trained on Shakespeare, the header the only clue
+            raise ValueError(
+                f"data.files is read only with data.source=files, and this run's data.source is {self.source!r}: "
+                "add data.source=files (or data=files)"
+            )
         if self.max_documents is not None and self.max_documents < 1:
             raise ValueError(f"data.max_documents={self.max_documents} must be >= 1, or null for no cap")
 

@@ -283,6 +283,8 @@ def load_prepared(directory: str | Path, cache_dir: str | Path = "") -> Prepared
         counts = {split: int(meta[f"{split}_tokens"]) for split in SPLITS}
         if not isinstance(meta["tokenizer"], dict) or not isinstance(meta["val_bytes"], int):
             raise TypeError("tokenizer must be an object, val_bytes an integer")
+        if dtype not in (np.dtype(np.uint16), np.dtype(np.uint32)) or meta["val_bytes"] < 1:
+            raise ValueError("dtype must be uint16 or uint32, val_bytes > 0")  # floats read as ids; bits/byte / 0
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{damaged}: {meta_path} is not valid ({type(e).__name__}); delete the directory") from None
     tokens = {}

@@ -381,3 +381,14 @@ def test_a_run_ending_with_a_nonfinite_val_loss_skips_the_sample(run, caplog, ca
     assert not math.isfinite(metrics["val/loss"])
     assert "no end-of-run sample: the final val loss is nan" in caplog.text
     assert "--- sample ---" not in capsys.readouterr().out
+
+
+def test_data_files_without_the_files_source_is_refused_not_dropped(tmp_path):
+    # Defect: `train.py data.files=[mine.txt]` trained on Shakespeare, the header's "data shakespeare/bpe" the only clue
+    with pytest.raises(ValueError) as refused:
+        run_train(["+debug=tiny", f"data.files=[{tmp_path / 'mine.txt'}]", f"out_dir={tmp_path / 'run'}"])
+    assert one_line(refused) == (
+        "data.files is read only with data.source=files, and this run's data.source is 'shakespeare': add "
+        "data.source=files (or data=files)"
+    )
+    assert not (tmp_path / "run").exists()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from data import prepare
-from data.bpe_dropout import BPEDropout
+from data.bpe_dropout import LONGEST_PIECE, BPEDropout
 from data.tokenizer import BPETokenizer, CharTokenizer
 from tests.unit.test_data import files_cfg, split_by_eot, write_docs
 
@@ -34,6 +34,18 @@ def test_dropout_spells_the_same_text_in_more_pieces(bpe):
     assert all(len(ids) > len(bpe.encode(text)) for ids in pieces)
     assert len({tuple(ids) for ids in pieces}) == 3, "each call draws a new segmentation"
     assert bpe.decode(segmenter.encode(UNSEEN)) == UNSEEN
+
+
+def test_a_piece_with_no_space_in_it_costs_its_length_not_its_square(bpe):
+    # Defect: a 300 KB line of letters (one pre-tokenizer piece) took hours: each merge step rescanned the piece
+    longest = max(len(piece) for text in TEXTS for piece in bpe.pieces(text))
+    assert longest <= LONGEST_PIECE  # pieces of ordinary text are segmented whole
+    line = "theking" * 3000  # 21,000 symbols in one piece
+    segmenter, merged = BPEDropout(bpe, 0.1, seed=0), []
+    encode_part = segmenter._encode_piece
+    segmenter._encode_piece = lambda ids: merged.append(len(ids)) or encode_part(ids)
+    assert bpe.decode(segmenter.encode(line)) == line
+    assert max(merged) == LONGEST_PIECE and sum(merged) == len(line)  # in parts, each merged at a part's cost
 
 
 def test_the_seed_fixes_the_segmentation(bpe):

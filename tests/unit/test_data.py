@@ -470,8 +470,13 @@ def test_load_prepared_needs_meta(tmp_path):
         lambda meta: meta.update(tokenizer=5),
         lambda meta: meta["tokenizer"].update(chars=None),
         lambda meta: meta["tokenizer"].pop("chars"),
+        lambda meta: meta.update(val_bytes=0),  # a ZeroDivisionError traceback at the first evaluation
+        lambda meta: meta.update(dtype="float16"),  # its ids read as floats, and the run trained on them
     ],
-    ids=["no tokenizer", "no val_bytes", "val_bytes a string", "tokenizer a number", "chars null", "no chars"],
+    ids=[
+        *("no tokenizer", "no val_bytes", "val_bytes a string", "tokenizer a number", "chars null", "no chars"),
+        *("val_bytes 0", "a float dtype"),
+    ],
 )
 def test_a_meta_json_with_damaged_fields_is_one_line_naming_it(tmp_path, damage):
     # Defect: only unparsable JSON and the token counts were checked; a meta.json that parsed but lacked a
