@@ -175,8 +175,14 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
     for split in ("train", "val"):
         tokens = getattr(data, split)
         if len(tokens) < need:
+            documents = data.meta.get("num_documents") or {}
+            by_document = (  # 2 files put half the text in val: the split is by whole documents
+                f" (the split is by document: {documents['train']} train, {documents['val']} val)"
+                if isinstance(documents, dict) and {"train", "val"} <= documents.keys()
+                else ""
+            )
             raise ValueError(
-                f"the {split} split has {len(tokens)} tokens, fewer than one batch needs "
+                f"the {split} split has {len(tokens)} tokens{by_document}, fewer than one batch needs "
                 f"(batch_size={batch_size} x {model.train_length} tokens a sequence + 1 = {need}); "
                 "use more data or a smaller batch_size / model.block_size (model.train_block_size)"
             )

@@ -62,7 +62,7 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         ("model.attn_backend=flash", r"model.attn_backend='flash' is unknown"),
         (
             "model.block_size=100000 model.train_block_size=null",
-            r"the train split has \d+ tokens, fewer than one batch",
+            r"the train split has \d+ tokens \(the split is by document: \d+ train, \d+ val\), fewer than one batch",
         ),
         ("model.train_block_size=0", r"model.train_block_size=0 is invalid; it must be >= 1 or null"),
         ("model.long_window_size=0", r"model.long_window_size=0 is invalid; it must be >= 1 or null"),
@@ -155,7 +155,8 @@ def test_corpus_smaller_than_one_batch(run, tmp_path):
     for i in range(3):
         files.append(tmp_path / f"small{i}.txt")
         files[-1].write_text("to be or not to be\n" * 10)  # ~190 tokens a split; a batch needs 8 x 32 + 1
-    with pytest.raises(ValueError, match=r"the \w+ split has \d+ tokens, fewer than one batch needs \(batch_size=8"):
+    too_few = r"the \w+ split has \d+ tokens \(the split is by document: 2 train, 1 val\), fewer than one batch needs"
+    with pytest.raises(ValueError, match=too_few + r" \(batch_size=8"):
         run_train([*run, f"data.files=[{','.join(map(str, files))}]"])
 
 
