@@ -188,7 +188,9 @@ def nothing_to_resume(out_dir: Path, overrides: Sequence[str], cfg: TrainConfig)
     newest = newest_run(OUTPUTS)
     hint = "no run under outputs/ has checkpoints"
     if newest:
-        command = continue_command(newest, [*overrides, *config_differences(newest, cfg)])
+        differences = config_differences(newest, cfg)  # the newest run's values, in place of this command's
+        keys = {override_key(d) for d in differences}
+        command = continue_command(newest, [*(o for o in overrides if override_key(o) not in keys), *differences])
         hint = f"the newest run with checkpoints is {newest}: {command}"
     return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
 
