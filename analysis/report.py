@@ -9,7 +9,7 @@ from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference
 from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key, varying_keys
 
 FULL_VAL_TEXT = "each run's best checkpoint scored on every held-out token (full val, --full-val)"
-LOOP_VAL_TEXT = "final validation values on the run's own 10 val batches (curves: the same batches)"
+LOOP_VAL_TEXT = "final validation values on the run's own eval_batches val batches (curves: the same batches)"
 KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
 

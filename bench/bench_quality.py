@@ -479,6 +479,11 @@ def run_lengths(args: argparse.Namespace, cpu: str, steps_from: dict[str, int] |
         timed_on = torch.get_num_threads()
         for name, (seconds, compile_s) in speeds.items():
             steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation
+            if steps < 1:  # a negative count went into the JSON, and --steps-from trained nothing sensible
+                sys.exit(
+                    f"error: --budget {args.budget:g} leaves {name} no step: {STARTUP_S} s start-up and "
+                    f"{compile_s:.0f} s compiling, then {seconds:.2f} s a step; give a larger --budget"
+                )
             timing["recipes"][name] = {"ms_per_step": seconds * 1000, "compile_s": compile_s, "steps": steps}
             timing["recipes"][name]["overrides"] = RECIPES[name]
             length[name] = [f"max_steps={steps}", "budget_s=null"]

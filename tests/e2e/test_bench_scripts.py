@@ -360,3 +360,16 @@ def test_bench_step_pair_times_both_in_alternating_rounds_and_prints_one_ratio(t
         ).groups(),
     )
     assert 0 < low <= ratio <= high
+
+
+def test_a_budget_that_buys_a_recipe_no_step_is_refused_not_written_as_negative_steps(monkeypatch, capsys):
+    # Defect: --time-only with a small budget wrote -268 and -400 steps into its JSON, without a word
+    import argparse
+
+    from bench import bench_quality
+
+    monkeypatch.setattr(bench_quality, "seconds_per_step", lambda recipes, overrides: {"default": (0.1, 33.0)})
+    args = argparse.Namespace(recipes=["default"], budget=40.0, equal_time_steps=True, time_only=None, overrides=[])
+    with pytest.raises(SystemExit) as refused:
+        bench_quality.run_lengths(args, "cpu", None)
+    assert str(refused.value).startswith("error: --budget 40 leaves default no step: 20 s start-up and 33 s compiling")
