@@ -107,6 +107,8 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> Non
         for group in ckpt.meta["optim_param_groups"]
     ]
     saved, now = group_layout(groups), group_layout(optimizer.param_groups)
+    if any(role is None for role, _ in saved):  # a checkpoint from before groups had roles: their sizes alone
+        saved, now = [size for _, size in saved], [size for _, size in now]
     if saved != now:  # torch would load it, and the first step would fail or update the wrong tensors
         raise ValueError(f"the checkpoint's optimizer groups {saved} are not this run's {now}; resume with its config")
     optimizer.load_state_dict({"state": state, "param_groups": groups})
