@@ -61,7 +61,8 @@ def choose_reference(cells: list[Cell], spec: dict[str, str] | None) -> Cell | N
     found = [c for c in cells if all(matches(c.values[k], v) for k, v in spec.items())]
     if len(found) != 1:
         wanted = ", ".join(f"{k}={v}" for k, v in spec.items())
-        raise ValueError(f"--reference {wanted} matches {len(found)} cells; it must match exactly one")
+        there = "; ".join(c.label() for c in cells)  # which to give, rather than a count alone
+        raise ValueError(f"--reference {wanted} matches {len(found)} cells; it must match exactly one of: {there}")
     return found[0]
 
 

@@ -45,6 +45,9 @@ def parse_reference(text: str | None) -> dict[str, str] | None:
     pairs = [p.partition("=") for p in text.split(",")]
     if any(not k or not sep or not v for k, sep, v in pairs):
         raise ValueError(f"--reference {text!r} is invalid; give KEY=VALUE[,KEY=VALUE...], e.g. model.n_head=4")
+    keys = [k.strip() for k, _, _ in pairs]
+    if repeated := sorted({k for k in keys if keys.count(k) > 1}):  # the last value won without a word
+        raise ValueError(f"--reference {text!r} gives {', '.join(repeated)} twice; give each key once")
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 

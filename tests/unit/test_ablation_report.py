@@ -85,8 +85,12 @@ def test_bad_reference_is_refused_before_anything_is_written(tmp_path):
     unknown = r"--reference key\(s\) \['model.n_head'\] are not swept; swept keys: optim.lr"
     with pytest.raises(ValueError, match=unknown):
         write_report(tmp_path / "sweep", tmp_path / "out", reference="model.n_head=4")
-    with pytest.raises(ValueError, match=r"--reference optim.lr=0.5 matches 0 cells"):
+    # the cells there are named (it gave a count alone); a key given twice is refused (the last value won)
+    named = r"--reference optim.lr=0.5 matches 0 cells; it must match exactly one of: optim.lr=0.001; optim.lr=0.01$"
+    with pytest.raises(ValueError, match=named):
         write_report(tmp_path / "sweep", tmp_path / "out", reference="optim.lr=0.5")
+    with pytest.raises(ValueError, match=r"gives optim.lr twice; give each key once$"):
+        write_report(tmp_path / "sweep", tmp_path / "out", reference="optim.lr=0.001,optim.lr=0.003")
     assert not (tmp_path / "out").exists()
 
 
