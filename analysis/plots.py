@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
 from analysis.stats import CONFIDENCE, Interval, t_interval
-from analysis.sweep import CRASHED, Cell, Run, sort_key
+from analysis.sweep import CRASHED, INTERRUPTED, Cell, Run, sort_key
 
 
 def save(fig, path: Path) -> Path:
@@ -30,9 +30,10 @@ def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
             steps, losses = zip(*run.val_curve, strict=True) if run.val_curve else ((), ())
             ax.plot(steps, losses, color=color, lw=1.2, alpha=0.9, label=cell.label() if i == 0 else None, marker=".")
     for run in runs:
-        if run.status == CRASHED and run.val_curve:
+        if run.status in (CRASHED, INTERRUPTED) and run.val_curve:
             steps, losses = zip(*run.val_curve, strict=True)
-            ax.plot(steps, losses, color="red", ls="--", lw=1, marker=".", label=f"crashed: {run.path.name}")
+            how = "interrupted" if run.status == INTERRUPTED else "crashed"
+            ax.plot(steps, losses, color="red", ls="--", lw=1, marker=".", label=f"{how}: {run.path.name}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title("Validation loss per configuration")

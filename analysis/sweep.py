@@ -28,6 +28,7 @@ from rundir.files import METRICS, RUN_INFO, SUMMARY
 from rundir.records import flatten
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
+INTERRUPTED = "interrupted at a saved step (resume=auto continues it)"  # Ctrl-C, SIGTERM: said in its train.log
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
 NONFINITE = "completed with a non-finite val/loss"  # a NaN or inf is no result: no mean or interval holds it
 
@@ -250,7 +251,21 @@ def read_run(run_dir: Path) -> Run:
         run.error = f"final val/loss is {run.final('val/loss')}"
     elif run.status not in (COMPLETED, UNREADABLE):
         run.error = last_error(run_dir / "train.log")
+    if run.status == CRASHED and (stop := stopped_by_signal(run_dir / "train.log")):
+        run.status, run.error = INTERRUPTED, stop  # a clean stop was reported as a crash
     return run
+
+
+def stopped_by_signal(log_path: Path) -> str | None:
+    """The run's own 'stopped by SIGINT after step N; saved PATH' line, if the last thing it logged was that."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+    except OSError:
+        return None
+    records = [line for line in lines if line.startswith("[") and "] - continue the whole sweep: " not in line]
+    if records and "] - stopped by SIG" in records[-1]:  # a sweep's job adds how to continue the sweep after it
+        return records[-1].split("] - ", 1)[1].split("; continue with", 1)[0]
+    return None
 
 
 @functools.cache

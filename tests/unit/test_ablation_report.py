@@ -10,6 +10,7 @@ from analysis.sweep import (
     COMPLETED,
     CRASHED,
     FAILED_AT_START,
+    INTERRUPTED,
     NO_VAL_LOSS,
     NONFINITE,
     UNREADABLE,
@@ -126,6 +127,29 @@ def test_unfinished_unreadable_and_failed_runs_are_listed_with_the_swept_values(
     assert f"| bad | 0.1 | 5 | {FAILED_AT_START} | — | optim.lr=0.1 is invalid |" in report
     assert f"| crashed | 0.01 | 3 | {CRASHED} | 10 |" in report
     assert f"| cut | 0.01 | 4 | {UNREADABLE} | 10 | summary.json is not valid JSON" in report
+
+
+def test_a_run_stopped_by_a_signal_at_a_saved_step_is_interrupted_not_crashed(tmp_path):
+    # Defect: a sweep's job stopped cleanly by Ctrl-C (its checkpoint saved) was listed as "crashed or unfinished"
+    lr_sweep(tmp_path)
+    stopped = write_fake_run(tmp_path / "stopped", config(3, "c", lr=1e-2), None)
+    (stopped / "train.log").write_text(
+        "[2026-01-01 00:00:00,000][training.trainer][INFO] - step 10: val loss 3.0\n"
+        "[2026-01-01 00:00:01,000][__main__][WARNING] - stopped by SIGINT after step 12; saved RUN/step_12; "
+        "continue with: python train.py out_dir=RUN resume=auto\n"
+        "[2026-01-01 00:00:01,000][__main__][WARNING] - continue the whole sweep: python train.py -m ... resume=auto\n"
+    )
+    crashed = write_fake_run(tmp_path / "crashed", config(4, "d", lr=1e-2), None)
+    (crashed / "train.log").write_text(
+        "[2026-01-01 00:00:00,000][__main__][WARNING] - stopped by SIGINT after step 1; saved X\n"
+        "[2026-01-01 00:00:09,000][train][ERROR] - training failed\n"
+    )
+    runs = {r.path.name: r for r in find_runs(tmp_path)}
+    stop = "stopped by SIGINT after step 12; saved RUN/step_12"
+    assert (runs["stopped"].status, runs["stopped"].error) == (INTERRUPTED, stop)
+    assert runs["crashed"].status == CRASHED  # a stop that was not the last thing logged
+    report = write_report(tmp_path, tmp_path / "out").read_text()
+    assert f"| stopped | 0.01 | 3 | {INTERRUPTED} | 10 | stopped by SIGINT after step 12; saved RUN/step_12 |" in report
 
 
 def test_a_summary_without_val_loss_takes_the_last_logged_evaluation(tmp_path):
