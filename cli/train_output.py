@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import safetensors
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -25,6 +24,7 @@ from analysis.sweep import count_jobs
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
+from rundir.checkpoint import read_header
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
 from rundir.files import RunDirInUse, live_run_in
 from training.config import TrainConfig
@@ -232,8 +232,7 @@ def how_far(out_dir: Path) -> dict[str, Any] | None:
     if latest is None:
         return None
     try:
-        with safetensors.safe_open(str(latest), framework="pt") as f:
-            meta = json.loads((f.metadata() or {})["attnlab"])
+        meta, _ = read_header(latest)
         config = meta["config"]
         far = {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
         return far | {"prompt": DEMO_PROMPT if encodes(meta["tokenizer"], DEMO_PROMPT) else ""}

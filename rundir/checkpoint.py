@@ -164,6 +164,13 @@ def looks_like_pickle(head: bytes) -> bool:
     return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") and head[8:9] != b"{"
 
 
+def read_header(path: str | Path) -> tuple[dict, list[str]]:
+    """A checkpoint's attnlab meta and tensor names from its header alone, no weights read and nothing checked
+    (load_checkpoint checks); safetensors' own error for a damaged file, KeyError/ValueError for a foreign one."""
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {})["attnlab"]), list(f.keys())
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint; refuse anything that is not a whole, unmodified attnlab checkpoint. Only
     safetensors parses the file: no pickle is ever loaded, so a crafted file runs nothing."""

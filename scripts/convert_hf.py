@@ -51,7 +51,7 @@ from interop.hf_model import (
 )
 from interop.hf_tokenizer import read_own_tokenizer, save_hf_tokenizer
 from model import GPT
-from rundir.checkpoint import looks_like_pickle, save_checkpoint
+from rundir.checkpoint import looks_like_pickle, read_header, save_checkpoint
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -333,8 +333,7 @@ def check_replaceable_import(checkpoint: Path) -> None:
     """Refuse to replace a file that is not an earlier import: `import HF RUN/checkpoints/step_N.safetensors --force`
     replaced a run's checkpoint, its optimizer state with it, so the run could no longer resume."""
     try:
-        with safetensors.safe_open(str(checkpoint), framework="pt") as f:
-            meta, names = json.loads((f.metadata() or {})["attnlab"]), list(f.keys())
+        meta, names = read_header(checkpoint)
         imported = "hf_dir" in (meta.get("source") or {}) and not any(name.startswith("optim.") for name in names)
     except Exception:  # not a safetensors file, or not ours: it is no import either
         imported = False
