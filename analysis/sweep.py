@@ -114,12 +114,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def last_error(log_path: Path) -> str | None:
-    """The last ERROR message in Hydra's job log; for a logged traceback, its final line."""
+def log_lines(log_path: Path) -> list[str]:
+    """A run's train.log, line by line; none where it is absent or unreadable (that only loses its messages)."""
     try:
-        lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
-    except OSError:  # an unreadable log only loses the message
-        return None
+        return log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+    except OSError:
+        return []
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The last ERROR message in a job's log lines (log_lines); for a logged traceback, its final line."""
     for i in range(len(lines) - 1, -1, -1):
         if "][ERROR] - " in lines[i]:
             tail = []  # the record's own continuation lines (a traceback), up to the next record
@@ -250,18 +254,14 @@ def read_run(run_dir: Path) -> Run:
     if run.status == NONFINITE:
         run.error = f"final val/loss is {run.final('val/loss')}"
     elif run.status not in (COMPLETED, UNREADABLE):
-        run.error = last_error(run_dir / "train.log")
-    if run.status == CRASHED and (stop := stopped_by_signal(run_dir / "train.log")):
-        run.status, run.error = INTERRUPTED, stop  # a clean stop was reported as a crash
+        lines = log_lines(run_dir / "train.log")
+        stop = stopped_by_signal(lines) if run.status == CRASHED else None  # a clean stop, not a crash
+        run.status, run.error = (INTERRUPTED, stop) if stop else (run.status, last_error(lines))
     return run
 
 
-def stopped_by_signal(log_path: Path) -> str | None:
+def stopped_by_signal(lines: list[str]) -> str | None:
     """The run's own 'stopped by SIGINT after step N; saved PATH' line, if the last thing it logged was that."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
-    except OSError:
-        return None
     records = [line for line in lines if line.startswith("[") and "] - continue the whole sweep: " not in line]
     if records and "] - stopped by SIG" in records[-1]:  # a sweep's job adds how to continue the sweep after it
         return records[-1].split("] - ", 1)[1].split("; continue with", 1)[0]

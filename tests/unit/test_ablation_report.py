@@ -301,7 +301,7 @@ def test_a_record_file_that_cannot_be_read_makes_an_unreadable_run_not_a_traceba
 def test_a_jobs_error_is_its_own_record_not_a_later_lines_text(tmp_path):
     """The error column reads the ERROR record and, for a logged traceback, its last line; the lines of
     records logged after it (a multi-line INFO of a later job in the same log) are not that error."""
-    from analysis.sweep import last_error
+    from analysis.sweep import last_error, log_lines
 
     stamp = "[2026-01-01 00:00:00,000]"
     log = tmp_path / "train.log"
@@ -309,12 +309,12 @@ def test_a_jobs_error_is_its_own_record_not_a_later_lines_text(tmp_path):
         f"{stamp}[train][ERROR] - out_dir holds another run's files\n"
         f"{stamp}[training.trainer][INFO] - model 0.16M params\nrun directory sweep/3 (full config: config.yaml)\n"
     )
-    assert last_error(log) == "out_dir holds another run's files"
+    assert last_error(log_lines(log)) == "out_dir holds another run's files"
     log.write_text(
         f"{stamp}[train][ERROR] - training failed\nTraceback (most recent call last):\n  File x\nRuntimeError: boom\n"
         f"{stamp}[train][INFO] - shutting down\nsecond line\n"
     )
-    assert last_error(log) == "RuntimeError: boom"
+    assert last_error(log_lines(log)) == "RuntimeError: boom"
 
 
 def test_a_crashed_run_with_one_evaluation_is_drawn_with_a_marker(tmp_path, monkeypatch):
