@@ -247,6 +247,9 @@ def plot_runs(run_dirs: list[str | Path], out_path: str | Path) -> Path:
     if not run_dirs:
         raise ValueError("no run directories given")
     runs = [read_metrics(p) for p in run_dirs]  # all read before anything is drawn or written
+    if not any(runs):  # an empty figure and 'wrote ...' said nothing was wrong
+        names = ", ".join(str(p) for p in run_dirs)
+        raise ValueError(f"no metrics to plot: {METRICS} of {names} holds no record with a step (yet)")
     path = image_path(Path(out_path))  # after: a file given as the run is named as such, not as its RUN/plots.png
     labels = run_labels(run_dirs)
     plt = pyplot()

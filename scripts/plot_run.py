@@ -18,8 +18,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/plot_run.py): mak
 from analysis.outputs import check_replaceable
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser
-from rundir.files import METRICS
-from rundir.records import image_path, plot_runs, read_metrics
+from rundir.records import image_path, plot_runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,9 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not own_plot:
             check_replaceable(image_path(out), args.force)
-        if not any(read_metrics(run) for run in args.run_dirs):  # an empty figure and 'wrote' said nothing was wrong
-            names = ", ".join(str(run) for run in args.run_dirs)
-            raise ValueError(f"no metrics to plot: {METRICS} of {names} holds no record with a step (yet)")
         path = plot_runs(args.run_dirs, out)
     except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
         exit_with_error(e)
