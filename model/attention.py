@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.causal_mask import build_aligned_causal_mask
-from model.config import BACKENDS, GPTConfig
+from model.config import KERNELS, GPTConfig
 from model.differential import DifferentialLambda, maps_as_heads, subtract_maps
 from model.kv_cache import LayerCache
 from model.materialized_attention import causal_materialized_attention, softmax_with_sink
@@ -289,7 +289,7 @@ class CausalSelfAttention(nn.Module):
         """
         if self.backend != "auto":
             return self.backend
-        if self.score_kernels != BACKENDS[1:]:  # the fused kernel cannot change the scores
+        if self.score_kernels != tuple(KERNELS):  # the fused kernel cannot change the scores
             return "materialized" if "materialized" in self.score_kernels and dropout_p == 0.0 else "explicit"
         short_on_cpu = q.device.type == "cpu" and key_length <= MATERIALIZED_MAX_KEYS
         return "materialized" if short_on_cpu and q.requires_grad and dropout_p == 0.0 else "sdpa"

@@ -12,8 +12,8 @@ The fixed choices are strings checked by `validate()` rather than `Literal[...]`
 import math
 from dataclasses import dataclass
 
-BACKENDS = ("auto", "explicit", "sdpa", "materialized")  # model/attention.py: CausalSelfAttention.kernel
 KERNELS = {"explicit": "the equation", "sdpa": "the fused kernel", "materialized": "the materialized kernel"}
+BACKENDS = ("auto", *KERNELS)  # model/attention.py: CausalSelfAttention.kernel ("auto": the fastest that computes it)
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/block.py
 NORMS = ("layernorm", "rmsnorm")
@@ -146,7 +146,7 @@ class GPTConfig:
 
     def score_kernels(self) -> tuple[str, ...]:
         """The kernels that compute this model's scores: every one, or those that take each of its changes."""
-        return tuple(k for k in BACKENDS[1:] if all(k in SCORE_CHANGES[name] for name in self.score_changes()))
+        return tuple(k for k in KERNELS if all(k in SCORE_CHANGES[name] for name in self.score_changes()))
 
     def check_train_block_size(self) -> None:
         """A model trained on sequences shorter than its block_size must never look further back than it trained."""
