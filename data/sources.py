@@ -204,8 +204,9 @@ def source_identity(cfg: DataConfig) -> dict:
 
 
 def _file_stamp(path: Path) -> list:
+    # The change time too: `cp -p` and `touch -r` restore size and mtime, but no user call sets ctime.
     stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
 def load_documents(cfg: DataConfig) -> "datasets.Dataset":
@@ -228,13 +229,15 @@ def _load_text_files(paths: list[Path], hf_cache: str) -> "datasets.Dataset":
 
     for path in paths:
         check_utf8_text(path)
-    # sample_by="document": one row per file, with its newlines kept.
+    # sample_by="document": one row per file, with its newlines kept. `datasets` keys its Arrow cache on
+    # mtime alone, so it is rebuilt here (only on a miss of our own key, which reads the change time too).
     return datasets.load_dataset(
         "text",
         data_files=[str(p) for p in sorted(paths)],
         sample_by="document",
         split="train",
         cache_dir=hf_cache,
+        download_mode="force_redownload",
     )
 
 
@@ -242,7 +245,15 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
     import datasets
 
     streaming = cfg.max_documents is not None
-    ds = datasets.load_dataset(cfg.hub_path, cfg.hub_name, split=cfg.hub_split, streaming=streaming, cache_dir=hf_cache)
+    local = Path(cfg.hub_path).expanduser().is_dir()  # rebuilt, as in `_load_text_files`; Hub ids are fixed data
+    ds = datasets.load_dataset(
+        cfg.hub_path,
+        cfg.hub_name,
+        split=cfg.hub_split,
+        streaming=streaming,
+        cache_dir=hf_cache,
+        download_mode="force_redownload" if local and not streaming else None,
+    )
     if not streaming:
         _check_column(cfg, ds.column_names)
         return ds.select_columns([cfg.text_column]).rename_column(cfg.text_column, "text")

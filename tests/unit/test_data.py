@@ -243,6 +243,17 @@ def test_hub_streaming_caps_documents(tmp_path, hub_dir):
     assert docs.num_rows == 3 and docs.column_names == ["text"]
 
 
+def test_a_local_hub_folder_edited_in_place_is_read_afresh(tmp_path, hub_dir):
+    shard = hub_dir / "train-0.jsonl"
+    before = shard.stat()
+    assert sources_mod.source_identity(hub_cfg(tmp_path, hub_dir))["files"]
+    load_documents(hub_cfg(tmp_path, hub_dir))
+    shard.write_text(shard.read_text().replace("story", "STORY"))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    texts = load_documents(hub_cfg(tmp_path, hub_dir))["text"]
+    assert sum(t.startswith("STORY 0-") for t in texts) == 5
+
+
 @pytest.mark.parametrize("max_documents", [None, 3])
 def test_hub_missing_column_names_the_available_ones(tmp_path, hub_dir, max_documents):
     cfg = hub_cfg(tmp_path, hub_dir, max_documents=max_documents)
@@ -352,6 +363,21 @@ def test_changed_files_are_prepared_afresh(tmp_path):
     assert "a changed first document, longer than before\n" in split_by_eot(second, "train") + split_by_eot(
         second, "val"
     )
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_prepared_afresh(tmp_path):
+    # `cp -p` or an editor that restores timestamps keeps both; the change time still moves.
+    paths = write_docs(tmp_path / "docs", DOCS)
+    before = paths[0].stat()
+    first = prepare(files_cfg(tmp_path), progress=False)
+    edited = DOCS[0].upper()
+    assert len(edited) == len(DOCS[0]) and edited != DOCS[0]
+    paths[0].write_text(edited)
+    os.utime(paths[0], ns=(before.st_atime_ns, before.st_mtime_ns))
+    second = prepare(files_cfg(tmp_path), progress=False)
+    assert second.directory != first.directory
+    texts = split_by_eot(second, "train") + split_by_eot(second, "val")
+    assert edited in texts and DOCS[0] not in texts
 
 
 def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatch):
