@@ -163,13 +163,19 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {line["step"]: line["train/loss"] for line in lines if "train/loss" in line}
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
+
+
+def torchrun_env(tmp: Path) -> dict:
+    # no_pickle/sitecustomize.py: a training process that unpickles anything fails. TMPDIR: torchrun leaves
+    # a torchelastic_* folder in the temporary directory at every launch.
+    pythonpath = f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}"
+    return {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+
+
 def torchrun(overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    # no_pickle/sitecustomize.py: a training process that unpickles anything fails
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    return subprocess.run(
-        [*cmd, str(ROOT / "train.py"), *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    env = torchrun_env(cwd)
+    return subprocess.run([*TORCHRUN, *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -254,10 +260,8 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrid
     base = [o for o in tiny_run_overrides if not o.startswith("out_dir=")] + flat_lr
     base += ["precision=fp32", "log_interval=1", "batch_size=8"]
     run = [*base, "max_steps=100000", "eval_interval=100000", f"out_dir={tmp_path / 'two'}"]
-    # no_pickle/sitecustomize.py: a training process that unpickles anything fails
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
-    proc = subprocess.Popen([*cmd, *run], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = torchrun_env(tmp_path)
+    proc = subprocess.Popen([*TORCHRUN, *run], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     metrics = tmp_path / "two" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
