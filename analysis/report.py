@@ -135,10 +135,12 @@ def unfinished_table(runs: list[Run], root: Path, keys: list[str], plans: dict[P
     """Every run not in the table, and the planned jobs that never started (`plans`: see `never_started`)."""
     bad = [r for r in runs if r.status != COMPLETED]
     if not bad:
-        return "\n\n".join([f"All {len(runs)} runs completed.", *never_started(runs, root, plans)])
+        done = "The one run completed." if len(runs) == 1 else f"All {len(runs)} runs completed."
+        return "\n\n".join([done, *never_started(runs, root, plans)])
     lines = [
         *[line for sentence in never_started(runs, root, plans) for line in (sentence, "")],
-        f"{len(bad)} of {len(runs)} runs did not complete with a finite val/loss (not in the table above):",
+        f"{len(bad)} of {len(runs)} {'run' if len(runs) == 1 else 'runs'} did not complete with a finite val/loss "
+        "(not in the table above):",
         "",
         "| run | " + " | ".join([*keys, "seed"]) + " | status | last logged step | error |",
         "|---|" + "---:|" * (len(keys) + 1) + "---|---:|---|",
@@ -161,6 +163,11 @@ def raw_rows(runs: list[Run], keys: list[str], root: Path) -> list[dict[str, Any
         row |= {"status": run.status, "d_k": info.get("d_k"), "params": info.get("params"), "summary": run.summary}
         rows.append(row | ({"full_val": run.full_val} if run.full_val else {}))
     return rows
+
+
+def swept_none(runs: list[Run]) -> str:
+    """What "no key varies" means: one run has nothing to vary; several differ in seed alone."""
+    return "none (one run)" if len(runs) == 1 else "none (the runs differ in seed alone)"
 
 
 def predated_note(runs: list[Run]) -> list[str]:
@@ -195,7 +202,7 @@ def markdown_report(
     parts = [
         f"# Ablation: {root.name}",
         "",
-        f"Swept keys (every config value that differs across the runs): {', '.join(keys) or 'none'}. "
+        f"Swept keys (every config value that differs across the runs): {', '.join(keys) or swept_none(runs)}. "
         f"Each row aggregates over seeds only. Fairness: {', '.join(modes) or 'unknown'} (studies/fairness.py).",
         "",
         f"Loss and bits/byte are {FULL_VAL_TEXT if full_val else LOOP_VAL_TEXT}: mean [{pct} t-interval over seeds]. "

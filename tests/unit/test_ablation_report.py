@@ -259,7 +259,7 @@ def test_jobs_a_killed_sweep_never_started_are_counted_from_its_plan(tmp_path):
     write_fake_run(tmp_path / "0", config(0, "o0"), 2.0)
     write_multirun_plan(tmp_path, "+debug=tiny", "model.n_head=1,3", "seed=0,1")
     report = write_report(tmp_path, tmp_path / "out").read_text()
-    assert "All 1 runs completed." in report
+    assert "The one run completed." in report and "runs): none (one run)." in report
     assert "multirun.yaml plans 4 jobs and 1 has a job directory: 3 never started" in report
 
 
@@ -339,6 +339,7 @@ def test_steps_and_seeds_are_listed_in_numeric_order(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary | {"step": steps}))
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert "| 20/100 |" in report and "| 2, 9, 10 |" in report
+    assert "differs across the runs): none (the runs differ in seed alone)." in report
 
 
 def test_a_run_folder_named_with_a_bar_keeps_the_unfinished_table_whole(tmp_path):
