@@ -95,10 +95,12 @@ def vaswani_a(cells: list[Cell]) -> tuple[list[str], list[str]]:
         return ranked[1] if cell is best and len(ranked) > 1 else best
 
     one, most = find(cells, model__n_head="1"), find(cells, model__n_head=str(heads[-1]))
-    rows = [
-        claim_row("one head is clearly worse than the best head count", one, best_other_than(one), +1),
-        claim_row(f"too many heads is worse again (our most: {heads[-1]})", most, best_other_than(most), +1),
-    ]
+    too_many = f"too many heads is worse again (our most: {heads[-1]})"
+    rows = [claim_row("one head is clearly worse than the best head count", one, best_other_than(one), +1)]
+    if len(ranked) == 2:  # two completed counts: both claims would compare one pair, in opposite directions
+        rows.append(f"| {too_many} | — | not measured: a fall and a rise again need three completed head counts |")
+    else:
+        rows.append(claim_row(too_many, most, best_other_than(most), +1))
     intro = f"Our best head count: {best.values['model.n_head']} (the paper's: 16, with 8 within 0.01 PPL)."
     n_head = published_table(cells, lambda c: c.values["model.n_head"], VASWANI_A, "n_head")
     return [*n_head, "", UNITS, "", intro], rows

@@ -8,6 +8,7 @@ from analysis.papers import paper_section
 from analysis.sweep import find_runs, group_cells, varying_keys
 from tests.helpers import write_fake_run
 
+TWO_COUNTS = "not measured: a fall and a rise again need three completed head counts"
 NOISE = (0.0, 0.01, -0.01)  # per seed, shared by every cell: paired differences are exact
 
 
@@ -40,9 +41,15 @@ def test_vaswani_a_agrees_when_one_head_and_sixteen_are_worse(tmp_path):
 
 
 def test_vaswani_a_differs_when_most_heads_is_best_and_is_unresolved_when_noisy(tmp_path):
-    cells = sweep(tmp_path / "a", {(1,): 2.30, (16,): 2.10}, ("n_head",))
+    cells = sweep(tmp_path / "a", {(1,): 2.30, (4,): 2.20, (16,): 2.10}, ("n_head",))
     verdicts = claims(paper_section("vaswani_a", cells))
     assert verdicts["too many heads is worse again (our most: 16)"].startswith("differs")
+    two = sweep(tmp_path / "two", {(1,): 2.30, (16,): 2.10}, ("n_head",))
+    assert claims(paper_section("vaswani_a", two)) == {
+        "one head is clearly worse than the best head count": "agrees",
+        # with two counts it compared 16 with 1 again, and read "differs" beside the "agrees" above
+        "too many heads is worse again (our most: 16)": TWO_COUNTS,
+    }
     for seed, loss in enumerate((2.0, 2.25, 2.1)):  # h=1 worse on one seed, better on another
         write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, loss, n_head=1)
         write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, 2.1, n_head=4)
@@ -124,7 +131,7 @@ def test_vaswani_a_compares_a_best_cell_with_the_next_best_not_by_its_mean_alone
     runs = find_runs(tmp_path / "a")
     assert claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs)))) == {
         "one head is clearly worse than the best head count": "unresolved: our interval includes 0",
-        "too many heads is worse again (our most: 2)": "unresolved: our interval includes 0",
+        "too many heads is worse again (our most: 2)": TWO_COUNTS,
     }
     for seed in range(2):
         write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, 2.0, n_head=1)
