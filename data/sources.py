@@ -238,6 +238,7 @@ def _load_text_files(paths: list[Path], hf_cache: str) -> "datasets.Dataset":
         split="train",
         cache_dir=hf_cache,
         download_mode="force_redownload",
+        encoding="utf-8-sig",  # a leading byte-order mark (Windows editors write one) marks the encoding, not text
     )
 
 

@@ -189,6 +189,13 @@ def test_files_errors(tmp_path, monkeypatch):
         load_documents(files_cfg(tmp_path))
 
 
+def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
+    (tmp_path / "bom.txt").write_bytes("\ufeffFirst line.\n".encode())
+    (tmp_path / "inner.txt").write_text("a\ufeffb\n")  # inside the text it is a character like any other
+    texts = load_documents(DataConfig(source="files", files=[str(tmp_path / "*.txt")], cache_dir=str(tmp_path / "c")))
+    assert sorted(texts["text"]) == ["First line.\n", "a\ufeffb\n"]
+
+
 def test_a_file_ending_inside_a_utf8_character_is_one_line(tmp_path):
     # Defect: the check never finished its decoder, so a last character cut short ("caf\xc3") passed it
     # and `datasets` failed later with a DatasetGenerationError traceback.
