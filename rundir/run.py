@@ -50,7 +50,6 @@ class Run:
         self.logger: MetricsLogger | None = None
         self.bar: tqdm | None = None
         self.throughputs: list[float] = []
-        self.train_seconds = 0.0
 
     # -- set-up: the lock, and which checkpoint the run continues -----------------------------------------
 
@@ -119,7 +118,6 @@ class Run:
         tok_s = self.tokens_per_step * (step - self.interval_step) / seconds
         self.interval_step = step
         self.throughputs.append(tok_s)
-        self.train_seconds += seconds
         record = {"train/loss": loss, "train/grad_norm": grad_norm, "lr": lr}
         record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu(self.flops_per_token, tok_s, self.peak)}
         record |= {"time/elapsed_s": elapsed_s}
@@ -157,12 +155,13 @@ class Run:
         return self.checkpoints.save(model, optimizer, meta, state.step, is_best, averaged)
 
     def finish(self, state: "RunState", metrics: dict[str, float]) -> None:
-        """summary.json: final metrics and speed of a finished run (tokens/s: the median over log intervals)."""
+        """summary.json: final metrics and speed of a finished run (tokens/s: the median over this process's
+        log intervals)."""
         if self.bar is None:
             return
         record = {"status": "completed", "step": state.step, "best_val_loss": state.best_val_loss}
         record |= {"tokens_per_s": statistics.median(self.throughputs) if self.throughputs else None}
-        record |= {"train_seconds": self.train_seconds}
+        record |= {"elapsed_s": state.elapsed_s}  # the whole run's, across resumes: what budget_s counts
         record |= {"train_flops": self.flops_per_token * self.tokens_per_step * state.step, **metrics}
         write_json(self.out_dir / SUMMARY, record)
 
@@ -184,8 +183,19 @@ RESUMABLE_MODEL_FIELDS = {
     "dropout",  # regularisation only; the weights mean the same with or without it
     "attn_dropout",
 }
-# Allowed to change on resume, but then the run no longer matches an uninterrupted one.
-TRAJECTORY_KEYS = ("seed", "batch_size", "grad_accum_steps", "global_batch_size", "max_steps", "optim", "precision")
+# Allowed to change on resume, but then the run no longer matches an uninterrupted one: the batches, the
+# schedule's length (max_steps or budget_s) or its arithmetic; and of the model, its regularisation.
+TRAJECTORY_KEYS = (
+    "seed",
+    "batch_size",
+    "grad_accum_steps",
+    "global_batch_size",
+    "max_steps",
+    "budget_s",
+    "optim",
+    "precision",
+)
+TRAJECTORY_MODEL_FIELDS = ("dropout", "attn_dropout")
 
 
 @dataclass
@@ -250,6 +260,7 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any
             f"carry over to another: resume with optim={then}"
         )
     changed = [key for key in TRAJECTORY_KEYS if saved.get(key) != config.get(key)]
+    changed += [f"model.{k}" for k in TRAJECTORY_MODEL_FIELDS if saved["model"].get(k) != config["model"].get(k)]
     if ckpt.meta.get("data_fingerprint") != data.fingerprint:
         changed.append("data")
     if changed:

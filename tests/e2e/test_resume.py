@@ -85,6 +85,9 @@ def test_ctrl_c_saves_the_current_step_and_resume_matches(run_overrides, tmp_pat
     run_train([*run_overrides, "resume=auto"])
     assert logged(tmp_path / "run") == logged(reference)  # exact, every step
     assert logged(tmp_path / "run", "val/loss") == logged(reference, "val/loss")
+    # the whole run's clock, not the second process's alone (it counted from 0 again)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["elapsed_s"] >= max(logged(tmp_path / "run", "time/elapsed_s").values())  # and the last eval
 
 
 def test_a_signal_during_the_last_step_finishes_the_run(run_overrides, tmp_path, monkeypatch):

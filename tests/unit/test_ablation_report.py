@@ -155,7 +155,7 @@ def test_a_run_stopped_by_a_signal_at_a_saved_step_is_interrupted_not_crashed(tm
 def test_a_summary_without_val_loss_takes_the_last_logged_evaluation(tmp_path):
     lr_sweep(tmp_path)
     resumed = write_fake_run(tmp_path / "resumed", config(3, "r", lr=1e-2), 1.0)
-    (resumed / "summary.json").write_text(json.dumps({"status": COMPLETED, "step": 20, "train_seconds": 0}))
+    (resumed / "summary.json").write_text(json.dumps({"status": COMPLETED, "step": 20, "elapsed_s": 0}))
     lines = [{"step": 10, "val/loss": 3.0}, {"step": 20, "val/loss": 2.25, "val/bpb": 1.0}]
     (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     lost = write_fake_run(tmp_path / "lost", config(4, "l", lr=1e-2), 1.0)

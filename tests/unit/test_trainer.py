@@ -150,7 +150,13 @@ def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tm
         meta["data_fingerprint"], meta["config"]["seed"] = "another corpus", trainer.cfg.seed + 1
         meta["config"]["precision"] = "bf16" if trainer.cfg.precision != "bf16" else "fp32"  # a bf16 run in fp32
         check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
-    assert "different ['seed', 'precision', 'data']" in caplog.text
+        assert "different ['seed', 'precision', 'data']" in caplog.text
+        # a longer budget stretches the schedule as max_steps does; dropout changes the noise
+        meta["config"] = asdict(trainer.cfg) | {"budget_s": 7.0}
+        meta["config"]["model"] = asdict(trainer.cfg.model) | {"dropout": 0.3}
+        meta["data_fingerprint"] = trainer.data.fingerprint
+        check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
+    assert "different ['budget_s', 'model.dropout']" in caplog.text
 
 
 def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
