@@ -155,8 +155,8 @@ def max_steps_for(cfg: FairnessConfig, probe: Trainer) -> int:
 
 def measure_seconds_per_step(probe: Trainer, steps: int) -> float:
     """Median seconds of `probe.advance` (the run's own step, as late in the run as it gets: with the weight
-    average's update) after a warm-up step. The probe is a throw-away copy (Trainer.probe) and the RNG is
-    forked, so the run is the same as without calibration."""
+    average's update) after a warm-up step. The probe is a throw-away Trainer (resolve_budget builds one) and
+    the RNG is forked, so the run is the same as without calibration."""
     devices = [p.device for p in probe.model.parameters() if p.device.type == "cuda"][:1]
     times = []
     with torch.random.fork_rng(devices=devices):

@@ -39,7 +39,7 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 10
     log_interval: int = 10
-    out_dir: str | None = None  # train.py sets it to Hydra's run directory
+    out_dir: str | None = None  # the run's folder; unset, train.py makes a new outputs/DATE/TIME
     resume: str | None = None  # null | auto | path to a checkpoint
     overwrite: bool = False  # allow a fresh run in a directory that holds another run's checkpoints
     keep_last: int | None = 2  # step checkpoints kept (plus best.safetensors); null keeps every one
@@ -79,7 +79,7 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} is unknown; choose one of: {', '.join(PRECISIONS)}")
         if not self.out_dir:
-            raise ValueError("out_dir is not set; give out_dir=PATH (train.py uses Hydra's run directory)")
+            raise ValueError("out_dir is not set; give out_dir=PATH (train.py makes a new outputs/DATE/TIME)")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(
                 f"on_nonfinite={self.on_nonfinite!r} is unknown; choose one of: {', '.join(NONFINITE_POLICIES)}"

@@ -42,7 +42,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> dict[str, Any]:
     """train() inside the process group: the run directory, set-up, the loop and what follows it."""
-    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # Hydra made one per rank
+    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # each rank's clock named its own new folder
     run = Run(cfg.out_dir, cfg.keep_last)
     distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
     try:

@@ -1,8 +1,9 @@
 """The training loop and its one step. `Trainer` owns a run's model, optimizer, loss scaler and data;
-`step` is the one optimizer step that everything calls (the loop, a study's calibration, the compile
-trial, the benchmarks), and `fit` is the loop, read top-down. It talks to six components: the model,
-the batches (data/), the optimizer and schedule (training/optim.py), the runtime (device, precision,
-compile, signals), the distributed helpers (no-ops in one process) and the run directory (rundir.Run).
+`step` is the one optimizer step that everything calls (the loop, a study's calibration, the benchmarks;
+the compile trial runs its `forward_backward`), and `fit` is the loop, read top-down. It talks to six
+components: the model, the batches (data/), the optimizer and schedule (training/optim.py), the runtime
+(device, precision, compile, signals), the distributed helpers (no-ops in one process) and the run
+directory (rundir.Run).
 Set-up (data, checks, resume) and the end-of-run sample are training/setup.py's."""
 
 import copy
@@ -41,7 +42,6 @@ class StepResult:
     loss: float  # mean training loss of the step's micro-batches, all ranks
     grad_norm: float  # before clipping
     lr: float
-    applied: bool  # False when the update was dropped (non-finite under skip, or an fp16 overflow)
 
 
 class Trainer:
@@ -81,11 +81,13 @@ class Trainer:
         """Tokens of one optimizer step, all ranks together."""
         return self.layout.micro_batch * self.layout.accum_steps * self.dist.world_size * self.cfg.model.train_length
 
-    def probe(self) -> "Trainer":
-        """A throw-away copy for calibration and the compile trial: the same config, data and weights,
-        but its own model, optimizer, scaler and state, so nothing it does reaches this run."""
+    def probe(self, own_weights: bool = True) -> "Trainer":
+        """A throw-away copy: the same config, data and weights, but its own optimizer, scaler and state,
+        and (`own_weights`) its own copy of the model, so no step it takes reaches this run. The compile
+        trial passes False: it takes no optimizer step, and compile_or_eager discards its gradients."""
         probe = copy.copy(self)  # config, data, layout and device are only read
-        probe.model = probe.train_model = probe.eval_model = copy.deepcopy(self.model)
+        model = copy.deepcopy(self.model) if own_weights else self.model
+        probe.model = probe.train_model = probe.eval_model = model
         probe.optimizer = probe.new_optimizer(probe.model)
         probe.scaler = torch.amp.GradScaler(self.device.type, enabled=self.scaler.is_enabled())
         probe.state, probe.run = RunState(), None
@@ -125,9 +127,9 @@ class Trainer:
         loss_t, norm_t = self.forward_backward(self.state.step)
         loss, norm = torch.stack([loss_t.float(), norm_t.float()]).tolist()
         self.state.step += 1
-        # Under fp16 an inf gradient means the loss scale is too high: the scaler skips that update.
-        applied = (math.isfinite(loss) and math.isfinite(norm)) or (self.scaler.is_enabled() and math.isfinite(loss))
-        if applied:
+        # Under fp16 an inf gradient means the loss scale is too high: the scaler itself skips that update.
+        to_scaler = (math.isfinite(loss) and math.isfinite(norm)) or (self.scaler.is_enabled() and math.isfinite(loss))
+        if to_scaler:
             self.scaler.step(self.optimizer)
         elif self.cfg.on_nonfinite == "skip":
             self.state.skipped_steps += 1
@@ -141,7 +143,7 @@ class Trainer:
             )
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, norm, lr, applied)
+        return StepResult(loss, norm, lr)
 
     def advance(self, progress: float) -> StepResult:
         """The loop's step at `progress` (the fraction of training done): the schedule's lr, one optimizer
@@ -226,7 +228,7 @@ class Trainer:
             self.compile_s = time.perf_counter() - start  # training time: the budget pays for it (fit)
 
     def trial_step(self, compiled: nn.Module) -> None:
-        probe = self.probe()
+        probe = self.probe(own_weights=False)  # a fresh scaler: an unscale_ without an update would stay in ours
         probe.train_model = compiled
         probe.forward_backward(self.state.step)
 
