@@ -2,8 +2,8 @@
 bytes; data/prepare.py makes it), batches of (input, target) windows cut from it as pure functions of
 their keys, and how an optimizer step's batch is dealt out to ranks and micro-steps.
 
-Offsets come from a generator seeded with (seed, step, micro_step, rank), so a batch depends on
-nothing but those numbers: a resumed run sees exactly the batches it would have seen.
+Offsets come from a generator seeded with (seed, step, micro_step), so a batch depends on nothing but
+those numbers: a resumed run sees exactly the batches it would have seen.
 
 The global batch does not depend on the number of processes: its sequences are the micro-batches a
 one-process run would draw, dealt out to the ranks in turn (`BatchLayout`), so W processes train on
@@ -72,14 +72,15 @@ def sample_batch(
     seed: int,
     step: int,
     micro_step: int = 0,
-    rank: int = 0,
     split: str = "train",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 (x, y), both (batch_size, block_size), where y[:, t] is the token after x[:, t]."""
     check_block_size(tokens, block_size, split)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    rng = np.random.default_rng([seed, step, micro_step, rank])
+    # The trailing 0 once named a rank, which ranks no longer need (BatchLayout deals out one process's
+    # batches); it stays so that every batch, and every saved run's resume, is the one it was.
+    rng = np.random.default_rng([seed, step, micro_step, 0])
     # The window [start, start + block_size] must fit, hence the exclusive high end.
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
     windows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)  # (B, T+1)

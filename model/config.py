@@ -196,7 +196,10 @@ class GPTConfig:
                 "when model.d_k is not set"
             )
         if self.d_ff is not None and self.d_ff < 1:
-            raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
+            raise ValueError(
+                f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model, 8 * d_model // 3 "
+                "for swiglu)"
+            )
         for name, p in (("dropout", self.dropout), ("attn_dropout", self.attention_dropout)):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"model.{name}={p} is invalid; it must be in [0, 1)")

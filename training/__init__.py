@@ -1,1 +1,2 @@
-"""Training: config schema, optimizer, device set-up, checkpoints, metrics and the loop."""
+"""Training: config schema, optimizer and schedule, runtime (device, precision, compile), distribution,
+the weight average, set-up and the loop (checkpoints and records are rundir's)."""

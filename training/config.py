@@ -2,7 +2,7 @@
 Hydra, with a study's settings on top: studies/fairness.py).
 
 YAML files under `configs/` only choose values; the types, defaults and rules live here and next to
-the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`).
+the code they configure (`GPTConfig`, `DataConfig`, `OptimConfig`, `LoggerConfig`, `DistributedConfig`).
 """
 
 import math
