@@ -15,7 +15,7 @@ import tiktoken
 import tiktoken.load
 
 from data import sources
-from data.config import TOKENIZERS, DataConfig, resolve_cache_dir
+from data.config import TOKENIZERS, resolve_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -248,13 +248,13 @@ def build_tokenizer(
     raise ValueError(f"tokenizer {name!r} is unknown; choose one of: {', '.join(TOKENIZERS)}")
 
 
-def tokenizer_from_meta(meta: dict, cfg_or_cache_dir: DataConfig | str | Path = "") -> Tokenizer:
-    """Rebuild the tokenizer that `to_meta()` described (e.g. from a checkpoint or meta.json)."""
-    cache = cfg_or_cache_dir.cache_dir if isinstance(cfg_or_cache_dir, DataConfig) else cfg_or_cache_dir
+def tokenizer_from_meta(meta: dict, cache_dir: str | Path = "") -> Tokenizer:
+    """Rebuild the tokenizer that `to_meta()` described (e.g. from a checkpoint or meta.json); `cache_dir`:
+    where GPT-2's ranks are (resolve_cache_dir's default if empty)."""
     if meta.get("name") == "char":
         return CharTokenizer(meta["chars"])
     if meta.get("name") == "bpe":
         return BPETokenizer(meta["spec"])
     if meta.get("name") == "gpt2":
-        return gpt2_tokenizer(resolve_cache_dir(cache))
+        return gpt2_tokenizer(resolve_cache_dir(cache_dir))
     raise ValueError(f"tokenizer meta names {meta.get('name')!r}; expected one of: {', '.join(TOKENIZERS)}")

@@ -161,7 +161,8 @@ class Run:
             return
         record = {"status": "completed", "step": state.step, "best_val_loss": state.best_val_loss}
         record |= {"tokens_per_s": statistics.median(self.throughputs) if self.throughputs else None}
-        record |= {"elapsed_s": state.elapsed_s}  # the whole run's, across resumes: what budget_s counts
+        # the whole run's, across resumes: the clock budget_s counts, and steps on_nonfinite=skip dropped
+        record |= {"elapsed_s": state.elapsed_s, "skipped_steps": state.skipped_steps}
         record |= {"train_flops": self.flops_per_token * self.tokens_per_step * state.step, **metrics}
         write_json(self.out_dir / SUMMARY, record)
 

@@ -134,7 +134,7 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> Tensor:
     return norm
 
 
-def param_groups(model: nn.Module, cfg: OptimConfig) -> dict[str, list[nn.Parameter]]:
+def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """Parameters by role: "hidden" (the nn.Linear weights inside the blocks), "head" (an untied LM head),
     "embedding" (token/position tables, with a tied head), "gain" (norm gains, biases and every bare parameter: a
     sink, a scalar, a variant's own mixing matrix), "bigram" (a hashed bigram table: an embedding at its own lr).
@@ -177,7 +177,7 @@ def build_optimizer(
     groups = [
         {"params": params, "role": role, "weight_decay": decay.get(role, 0.0), **adam}
         | {"lr_scale": (peak.get(role) or cfg.lr) / cfg.lr}
-        for role, params in param_groups(model, cfg).items()
+        for role, params in param_groups(model).items()
         if params
     ]
     if cfg.optimizer == "adamw":  # fused: one kernel, one pass over each tensor (FSDP's shards: foreach)
@@ -237,7 +237,7 @@ class MuonAdamW(torch.optim.Optimizer):
         lr, momentum = group["lr"], group["momentum"]
         updates = []
         for p in params:
-            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+            buf = self._zeros_once(p, "momentum_buffer", p.grad)
             buf.lerp_(p.grad, 1 - momentum)
             updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
         for p, update in zip(params, self._orthogonalized(updates, group), strict=True):
@@ -270,11 +270,18 @@ class MuonAdamW(torch.optim.Optimizer):
                 out[i] = x.mT if tall[i] else x
         return out
 
+    def _zeros_once(self, p: Tensor, name: str, like: Tensor) -> Tensor:
+        """p's state buffer `name`, made as zeros on the first step (setdefault made a new one every step)."""
+        state = self.state[p]
+        if name not in state:
+            state[name] = torch.zeros_like(like)
+        return state[name]
+
     def _rows_normalized(self, p: Tensor, update: Tensor, beta2: float) -> Tensor:
         """NorMuon's step: an orthogonalised update's rows evened out by their running RMS (rows of W are output
         neurons, which orthogonalisation leaves of unequal size), at the update's own Frobenius norm, so Muon's lr
         and its shape factor keep their meaning. The common scale of the running mean cancels: no bias correction."""
-        rms = self.state[p].setdefault("row_second_moment", torch.zeros_like(update[:, :1]))
+        rms = self._zeros_once(p, "row_second_moment", update[:, :1])
         rms.lerp_(update.square().mean(dim=1, keepdim=True), 1 - beta2)
         evened = update / (rms.sqrt() + 1e-10)
         return evened * (update.norm() / evened.norm().clamp(min=1e-30))

@@ -3,6 +3,7 @@ run directory as it was: config values, data, checkpoints that do not fit, anoth
 directory, a full disk, and non-finite steps."""
 
 import errno
+import json
 import math
 import os
 import shutil
@@ -292,6 +293,7 @@ def test_nonfinite_steps_are_skipped_and_counted(run, tmp_path, monkeypatch):
     assert np.isfinite(metrics["val/loss"])
     meta = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000010.safetensors").meta
     assert meta["skipped_steps"] == 2
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_steps"] == 2  # said where read
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ def test_unknown_schedule_choices_are_refused():
 @pytest.mark.parametrize("tie", [True, False])
 def test_groups_by_role_cover_every_parameter_once(tie):
     model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": tie, "bias": True}))
-    groups = param_groups(model, OptimConfig())
+    groups = param_groups(model)
     ids = [id(p) for ps in groups.values() for p in ps]
     assert sorted(ids) == sorted(id(p) for p in model.parameters()) and len(ids) == len(set(ids))
     assert all(p.dim() == 2 for p in groups["hidden"]) and len(groups["hidden"]) == 4 * 2  # qkv, W_O, up, down
@@ -82,7 +82,7 @@ def test_a_bare_matrix_parameter_is_adamws_without_decay_not_muons():
     # weight decay pulled it towards zero: only nn.Linear weights are Muon's.
     model = GPT(GPTConfig(**TINY.__dict__))
     model.blocks[0].attn.mix = nn.Parameter(torch.eye(TINY.n_head))
-    groups = param_groups(model, OptimConfig())
+    groups = param_groups(model)
     assert any(p is model.blocks[0].attn.mix for p in groups["gain"])
     assert all(any(p is m.weight for m in model.modules() if isinstance(m, nn.Linear)) for p in groups["hidden"])
     roles = {g["role"]: g for g in build_optimizer(model, OptimConfig(optimizer="muon"), "cpu").param_groups}
