@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,14 @@ def count_jobs(params: list[str], task: list[str]) -> int:
     return len(sweep_jobs(params, task))
 
 
+def planned_sweep(sweeper: Mapping[str, Any], task: list[str]) -> list[list[str]] | None:
+    """`sweep_jobs` of a composed hydra.sweeper section and the command line's overrides; None for a sweeper
+    other than the basic one (optuna, ...), which chooses its jobs as it goes."""
+    if not str(sweeper.get("_target_", "BasicSweeper")).endswith("BasicSweeper"):
+        return None
+    return sweep_jobs([f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()], task)
+
+
 def planned_jobs(sweep_dir: Path) -> int | None:
     """How many jobs the sweep's multirun.yaml plans, counted as Hydra's basic sweeper expands them (the
     recipe's hydra.sweeper.params, then the command line); None where there is no plan this can read."""
@@ -194,15 +203,12 @@ def planned_jobs(sweep_dir: Path) -> int | None:
     hydra = plan.get("hydra") if isinstance(plan, dict) else None
     if not isinstance(hydra, dict):
         return None
-    sweeper = hydra.get("sweeper") or {}
-    if not str(sweeper.get("_target_", "BasicSweeper")).endswith("BasicSweeper"):
-        return None  # another sweeper (optuna, ...) chooses its jobs as it goes
-    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     task = (hydra.get("overrides") or {}).get("task") or []
     try:
-        return count_jobs(params, task)
+        jobs = planned_sweep(hydra.get("sweeper") or {}, task)
     except (ValueError, HydraException, AttributeError, TypeError):
         return None
+    return None if jobs is None else len(jobs)
 
 
 def sweep_plans(root: Path) -> dict[Path, int]:

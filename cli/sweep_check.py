@@ -1,7 +1,7 @@
 """Every job of a sweep composed and checked before the first one starts: a bad value in the third job of
 `model.n_head=2,3,5` stopped the sweep after two jobs' training, and a key Hydra could not place left a sweep
 folder holding only its multirun.yaml. The jobs are the ones Hydra's basic sweeper will run (the recipe's
-hydra.sweeper.params, then the command line: analysis.sweep.sweep_jobs), each composed through Hydra's compose
+hydra.sweeper.params, then the command line: analysis.sweep.planned_sweep), each composed through Hydra's compose
 API and read by the schema's checks (cli.config.to_train_config), before Hydra itself starts."""
 
 from hydra import compose, initialize_config_dir
@@ -10,7 +10,7 @@ from hydra.errors import HydraException
 from omegaconf import open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from analysis.sweep import sweep_jobs
+from analysis.sweep import planned_sweep
 from cli.config import CONFIG_DIR, composition_error, register_configs, to_train_config
 
 
@@ -25,9 +25,9 @@ def check_every_job(task: list[str]) -> None:
             plan = compose(config_name="config", overrides=fixed, return_hydra_config=True).hydra.sweeper
         except (HydraException, OmegaConfBaseException) as e:
             raise ValueError(composition_error(e)) from None
-        if not str(plan.get("_target_", "BasicSweeper")).endswith("BasicSweeper"):
+        jobs = planned_sweep(plan, task)
+        if jobs is None:
             return
-        jobs = sweep_jobs([f"{key}={value}" for key, value in (plan.get("params") or {}).items()], task)
         shared = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
         for number, overrides in enumerate(jobs, start=1):  # counted as the sweep's "job i of N" lines count
             own = [o for o in overrides if o not in shared] or overrides  # what sets this job apart from the others

@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from analysis.sweep import count_jobs
+from analysis.sweep import planned_sweep
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
@@ -320,8 +320,8 @@ class SweepHint(Callback):
             "reference": self.reference,
             "full_val": self.full_val,
         }
-        params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-        self.jobs, self.started = count_jobs(params, list(config.hydra.overrides.task)), time.perf_counter()
+        jobs = planned_sweep(config.hydra.sweeper, list(config.hydra.overrides.task))
+        self.jobs, self.started = len(jobs or []), time.perf_counter()
         launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
         self.at_a_time = jobs_at_a_time(launcher.get("jobs")) if "jobs" in launcher else 1
 

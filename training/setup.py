@@ -241,7 +241,7 @@ def print_sample(trainer: Trainer) -> None:
     )
 
     def show() -> None:
-        params = SamplingParams(max_new_tokens=cfg.sample_tokens, temperature=0.8, top_k=200, seed=cfg.seed)
+        params = SamplingParams(max_new_tokens=cfg.sample_tokens, seed=cfg.seed)  # scripts/sample.py's defaults
         sampled = model.to(trainer.device).eval()
         with torch_threads(decode_threads(sampled)):  # one thread for a small model's decode: fast on a busy CPU
             ids = trainer.sample_prompt_ids
