@@ -321,6 +321,7 @@ def encode_prompt(tokenizer: TextTokenizer, text: str, vocab_size: int) -> list[
     cannot be encoded. Call it before printing anything, so a bad prompt costs nothing."""
     if not text:
         raise ValueError("the prompt is empty; give at least one character")
+    check_utf8_prompt(text)
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:  # the char tokenizer names the characters it does not know
@@ -330,6 +331,17 @@ def encode_prompt(tokenizer: TextTokenizer, text: str, vocab_size: int) -> list[
     if max(ids) >= vocab_size:
         raise ValueError(f"the prompt has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}")
     return ids
+
+
+def check_utf8_prompt(text: str) -> None:
+    """Refuse a lone surrogate in one line: Python reads bytes that are not UTF-8 (a Latin-1 file in argv or
+    on stdin) as U+DC80..U+DCFF, and JSON can carry any; the byte-level tokenizers fail on them at length."""
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is None:
+        return
+    code = ord(text[bad])
+    what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+    raise ValueError(f"the prompt is not UTF-8 text ({what} at character {bad + 1}); give UTF-8 text")
 
 
 def stream_text(

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from data.tokenizer import CharTokenizer
+from data.tokenizer import BPETokenizer, CharTokenizer
 from generation.generate import SamplingParams, encode_prompt, generate, pad_prompts, stream_text, stream_tokens
 from model import GPT, GPTConfig
 
@@ -193,6 +193,18 @@ def test_encode_prompt_names_unknown_characters_and_refuses_empty_prompts():
         encode_prompt(tok, "", tok.vocab_size)
     with pytest.raises(ValueError, match="beyond the model's vocabulary of 3"):
         encode_prompt(tok, "c", 3)
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_a_prompt_that_is_not_utf8_is_one_line_naming_where(learned):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (argv, stdin); the byte-level BPE raised a
+    TypeError traceback on them, which also ended the REPL."""
+    tok = BPETokenizer.learn(["ROMEO: cafe and tea\n"] * 4, vocab_size=270) if learned else CharTokenizer(" acef")
+    latin1 = b"caf\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(ValueError, match=r"^the prompt is not UTF-8 text \(byte 0xe9 at character 4\); give UTF-8"):
+        encode_prompt(tok, latin1, tok.vocab_size)
+    with pytest.raises(ValueError, match=r"\(a lone surrogate U\+D800 at character 1\)"):  # from JSON's \ud800
+        encode_prompt(tok, "\ud800", tok.vocab_size)
 
 
 def test_stream_text_pieces_join_to_the_decoded_tokens(model):
