@@ -13,6 +13,7 @@ from analysis.trained import Trained
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
+from data.text_file import read_text_file
 
 WINDOW_SEED = 0  # the windows are the same on every call, for every checkpoint of a run
 BATCH_SIZE = 8
@@ -33,21 +34,12 @@ def check_tokens(tokens: int, block_size: int, text: Path | None) -> None:
         raise ValueError(f"--tokens {tokens} is less than {unit} of block_size {block_size}; give at least {least}")
 
 
-def read_text_file(text: Path) -> str:
-    if not text.is_file():
-        raise FileNotFoundError(f"--text {str(text)!r} does not exist")
-    try:
-        return text.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--text {str(text)!r} is not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
-
-
 def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple[Tensor, Tensor]]:
     """Fixed (inputs, targets) batches of about `tokens` tokens: --text's consecutive windows or val windows."""
     block_size = trained.model.config.block_size
     check_tokens(tokens, block_size, text)
     if text is not None:
-        content = read_text_file(text)
+        content = read_text_file(text, "--text")
         ids = torch.tensor(trained.tokenizer.encode(content))
         n = min(len(ids) - 1, tokens) // block_size
         if n < 1:
@@ -69,5 +61,7 @@ def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple[
             f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
             f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
         )
-    num_batches = max(1, math.ceil(tokens / (BATCH_SIZE * block_size)))
+    # capped at the split: windows are drawn with replacement, so more would repeat its tokens (and a typo's
+    # 10^12 built batches until memory ran out)
+    num_batches = max(1, math.ceil(min(tokens, len(data.val)) / (BATCH_SIZE * block_size)))
     return eval_batches(data.val, BATCH_SIZE, block_size, num_batches, seed=WINDOW_SEED)

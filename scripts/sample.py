@@ -35,6 +35,7 @@ from cli.errors import exit_quietly_on_ctrl_c, exit_with_error
 
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
     from cli.schema_help import FieldDoc, OneLineParser, show_default
+    from data.text_file import MAX_TEXT_BYTES, decode_text, read_text_file
     from generation.generate import SamplingParams
     from scripts.sample_repl import repl
     from scripts.sampler import (
@@ -192,33 +193,15 @@ def refuse_conflicting_prompts(given: dict[str, object]) -> None:
 
 
 # A prompt is cut to the model's context anyway; past this it is a mistake (/dev/zero), not a prompt.
-MAX_PROMPT_BYTES = 16 * 2**20
-PROMPT_LIMIT = "16 MiB (the model sees only its context's last tokens)"
+LONG_PROMPT = " (the model sees only its context's last tokens)"
 
 
 def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     if cfg.prompt_file:
-        path = Path(cfg.prompt_file)
-        if path.is_dir():
-            raise ValueError(f"prompt_file {str(path)!r} is a directory; give a UTF-8 text file")
-        if not path.exists():  # a pipe is fine: --prompt-file <(printf 'ROMEO:'), a named FIFO
-            raise FileNotFoundError(f"prompt_file {str(path)!r} does not exist")
-        with open(path, "rb") as f:  # bounded: /dev/zero or a runaway pipe would read without end
-            data = f.read(MAX_PROMPT_BYTES + 1)
-        if len(data) > MAX_PROMPT_BYTES:
-            raise ValueError(f"prompt_file {str(path)!r} holds more than {PROMPT_LIMIT}; give a shorter prompt")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"prompt_file {str(path)!r} is not UTF-8 text (byte {e.start})") from None
+        text = read_text_file(Path(cfg.prompt_file), "prompt_file", "prompt", LONG_PROMPT)
     elif cfg.prompt == "-":
-        data = stdin.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stdin, "buffer") else stdin.read().encode()
-        if len(data) > MAX_PROMPT_BYTES:
-            raise ValueError(f"the prompt on stdin holds more than {PROMPT_LIMIT}; give a shorter prompt")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
+        data = stdin.buffer.read(MAX_TEXT_BYTES + 1) if hasattr(stdin, "buffer") else stdin.read().encode()
+        text = decode_text(data, "the prompt on stdin", "prompt", LONG_PROMPT)
         text = text.removesuffix("\n").removesuffix("\r")  # echo's line end (\r\n on Windows), not the prompt's
     else:
         text = cfg.prompt

@@ -40,6 +40,20 @@ def test_a_run_directory_gets_a_table_and_plots(tiny_run, tmp_path):
         assert (tmp_path / "hi" / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
 
 
+def test_tokens_beyond_the_validation_split_are_capped_at_it(tiny_run, monkeypatch):
+    # Defect: --tokens 10^12 built batches of windows until memory ran out; drawn with replacement, more
+    # windows than the split holds would only repeat its tokens.
+    from analysis import fixed_windows
+    from analysis.trained import load_trained
+
+    trained = load_trained(tiny_run / "checkpoints" / "best.safetensors", device="cpu")
+    asked = []
+    monkeypatch.setattr(fixed_windows, "eval_batches", lambda tokens, b, t, n, seed: asked.append((len(tokens), n)))
+    fixed_windows.val_windows(trained, 10**12, None)
+    ((val_tokens, batches),) = asked
+    assert batches == -(-val_tokens // (8 * 32))
+
+
 def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the king is not what the queen is\n" * 4)  # 140 characters: 4 windows of 32 + 1
@@ -55,6 +69,7 @@ def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
         (["nowhere"], "error: run directory 'nowhere' holds no checkpoint (no checkpoints/best.safetensors"),
         (["RUN", "--tokens", "0"], "error: --tokens 0 is invalid; it must be >= 1"),
         (["RUN", "--text", "missing.txt"], "error: --text 'missing.txt' does not exist"),
+        (["RUN", "--text", "."], "error: --text '.' is a directory; give a UTF-8 text file"),  # "does not exist"
         (["nowhere", "--over-training"], "error: 'nowhere' is not a run directory (it has no checkpoints/)"),
         (["BEST", "--over-training"], "error: run directory 'BEST' is a file; --over-training takes a run directory"),
     ],
