@@ -6,6 +6,7 @@ The sweep reading and the table are analysis/sweep.py's and analysis/report.py's
 shows the report's own Markdown table, split into cells.
 """
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     except OSError as e:
         raise ValueError(f"{METRICS} of {str(run_dir)!r} cannot be read ({e.strerror or e})") from None
     out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
+    # a diverged or skipped step's NaN/inf has no place on the chart (plot_run.py leaves it out too)
+    out = {
+        key: [(s, v) for s, v in points if isinstance(v, (int, float)) and math.isfinite(v)]
+        for key, points in out.items()
+    }
     return {key: points for key, points in out.items() if points}
 
 

@@ -19,6 +19,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import math
 import re
 import secrets
 import socket
@@ -78,10 +79,27 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback if address else host.lower() == "localhost"
 
 
+def strict_json(payload: Any) -> str:
+    """JSON a browser parses: a NaN or infinity (a diverged run's loss, in any record read from disk) becomes
+    null, where Python's json.dumps writes the bare words NaN and Infinity that JSON.parse refuses."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(payload), allow_nan=False)
+
+
 class LabServer(ThreadingHTTPServer):
     """The HTTP server of one lab: its session, the host names it answers to and its per-launch token."""
 
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 reset connections under a burst of requests
 
     def __init__(self, session: LabSession, host: str, port: int) -> None:
         super().__init__((host, port), LabHandler)
@@ -136,7 +154,7 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_json(code, {"error": message or HTTPStatus(code).phrase})
 
     def send_json(self, status: int, payload: dict) -> None:
-        self.send_bytes(status, json.dumps(payload).encode(), "application/json")
+        self.send_bytes(status, strict_json(payload).encode(), "application/json")
 
     def do_GET(self) -> None:
         if self.take_body() is None or self.refused():
@@ -231,7 +249,7 @@ class LabHandler(BaseHTTPRequestHandler):
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
         try:
             result = compute()
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, OSError) as e:  # OSError: a path the OS refuses (too long, unreadable), the user's
             return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
         except Exception as e:
             log.exception("request %s failed", self.path)
@@ -254,10 +272,10 @@ class LabHandler(BaseHTTPRequestHandler):
                 for record in records:
                     self.send_chunk(record)
                 self.send_chunk({"done": True})
-            except (ValueError, FileNotFoundError) as e:
-                self.send_chunk({"error": error_text(e)})
             except (BrokenPipeError, ConnectionResetError):
                 raise
+            except (ValueError, OSError) as e:
+                self.send_chunk({"error": error_text(e)})
             except Exception as e:
                 log.exception("stream %s failed", self.path)
                 self.send_chunk({"error": f"internal error: {error_text(e)}"})
@@ -268,7 +286,7 @@ class LabHandler(BaseHTTPRequestHandler):
             records.close()
 
     def send_chunk(self, record: dict) -> None:
-        data = (json.dumps(record) + "\n").encode()
+        data = (strict_json(record) + "\n").encode()
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 

@@ -30,8 +30,8 @@ from training.runtime import resolve_device
 
 def run_dir_of(source: Path, checkpoint: Path) -> Path | None:
     """The run directory a checkpoint came from, when it sits in RUN/checkpoints/ beside metrics.jsonl."""
-    if source.is_dir():
-        return source
+    if source.is_dir():  # RUN/checkpoints/ is the run's, as a checkpoint file in it is
+        return source.parent if source.name == "checkpoints" and (source.parent / METRICS).is_file() else source
     run = checkpoint.parent.parent
     return run if checkpoint.parent.name == "checkpoints" and (run / METRICS).is_file() else None
 

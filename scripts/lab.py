@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         session = LabSession(args.source, args.device, args.root, threads=args.threads)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: a path the OS refuses (too long, unreadable)
         exit_with_error(e)
     try:
         server = make_server(session, args.host, args.port)

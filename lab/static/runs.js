@@ -104,9 +104,14 @@ async function renderHeadImportance(path, into) {
   into.append(section);
 }
 
+function clearRuns() {
+  $("runs-chart").innerHTML = ""; $("runs-tables").innerHTML = "";
+  shownRun++;  // a head-importance answer still on its way belongs to the view cleared here
+}
+
 function renderRuns(view) {
   const chart = $("runs-chart"), tables = $("runs-tables");
-  chart.innerHTML = ""; tables.innerHTML = "";
+  clearRuns();
   let series;
   if (view.kind === "run") {
     const c = view.runs[0].curves;
@@ -127,12 +132,15 @@ function renderRuns(view) {
   }
   $("runs-status").textContent = `${view.kind === "run" ? "run" : `sweep of ${view.runs.length} runs`}: ${view.path}`;
   if (view.kind === "run") renderHeadImportance(view.path, tables);
-  else shownRun++;
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("runs-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    guarded(event.submitter, $("runs-status"), async () => renderRuns(await api("/api/runs", { path: $("runs-path").value })));
+    // cleared first: on an error the last view's chart stayed under the status line naming the new path
+    guarded(event.submitter, $("runs-status"), async () => {
+      clearRuns();
+      renderRuns(await api("/api/runs", { path: $("runs-path").value }));
+    });
   });
 });

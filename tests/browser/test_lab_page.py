@@ -166,6 +166,8 @@ def test_runs_tab_shows_curves_and_the_sweep_table_and_a_missing_run(page, sweep
     page.fill("#runs-path", str(sweep_dir / "missing"))
     page.click("#runs-form button")
     assert "does not exist" in page.wait_for_selector("#message:not([hidden])").inner_text()
+    # the sweep's chart and table went with it: they stayed under a status naming the missing path
+    assert page.locator("#runs-chart > *").count() == 0 and page.locator("#runs-tables > *").count() == 0
     page.fill("#runs-path", "/")
     page.click("#runs-form button")
     page.wait_for_selector("#message-text:has-text('is outside')")  # the machine's other runs stay unlisted

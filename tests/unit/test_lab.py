@@ -25,8 +25,8 @@ from data.tokenizer import CharTokenizer
 from generation.generate import SamplingParams, generate
 from lab import api, runs
 from lab.measures import next_token_top, prompt_loss
-from lab.server import MAX_BODY, STATIC, make_server, url_of
-from lab.session import LabSession
+from lab.server import MAX_BODY, STATIC, make_server, strict_json, url_of
+from lab.session import LabSession, run_dir_of
 from model import GPT, GPTConfig
 from rundir.checkpoint import save_checkpoint
 from tests.helpers import ROOT
@@ -159,6 +159,30 @@ def test_runs_view_of_a_run_and_the_markdown_table_cells(run_dir):
         runs.view(run_dir / "checkpoints")
     with pytest.raises(FileNotFoundError, match=r"^'.*metrics.jsonl' is a file; give a run or sweep directory$"):
         runs.view(run_dir / "metrics.jsonl")  # it said the file 'does not exist'
+
+
+def test_a_diverged_runs_nan_and_infinity_reach_the_page_as_json_it_parses(tmp_path):
+    """Python wrote the bare words NaN and Infinity, which JSON.parse refuses: the Runs tab said 'the server
+    sent no JSON' and kept the last sweep's chart."""
+    run = tmp_path / "diverged"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"step": 5, "train/loss": 8.2}\n{"step": 10, "train/loss": NaN}\n{"step": 20, "val/loss": Infinity}\n'
+    )
+    assert runs.curves(run) == {"train/loss": [(5, 8.2)]}
+    assert json.loads(strict_json({"a": [float("nan"), 1.0, {"b": float("-inf")}]})) == {"a": [None, 1.0, {"b": None}]}
+
+
+def test_a_path_the_os_refuses_is_a_400_naming_it(url, run_dir):
+    long = str(run_dir.parent / ("a" * 300))
+    for path in ("/api/runs", "/api/load"):
+        status, body = post(url, path, {"path": long})
+        assert status == 400 and "File name too long" in json.loads(body)["error"], body
+
+
+def test_a_runs_checkpoints_folder_opens_as_that_run(run_dir):
+    assert run_dir_of(run_dir / "checkpoints", run_dir / "checkpoints") == run_dir  # it was the run, wrongly
+    assert run_dir_of(run_dir, run_dir) == run_dir
 
 
 def test_runs_path_is_read_as_open_reads_its_path_without_surrounding_spaces(session, run_dir):
