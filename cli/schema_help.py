@@ -171,16 +171,17 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= low, else one `error:` line before any work is done."""
+def at_least(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= low (and <= high), else one `error:` line before any work is done."""
+    rule = f"it must be an integer >= {low}" if high is None else f"it must be an integer from {low} to {high}{why}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; it must be an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is invalid; it must be an integer >= {low}")
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; {rule}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is invalid; {rule}")
         return value
 
     return parse

@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", help="the folder whose runs and checkpoints the page may open (default: the run's)")
     parser.add_argument(
         "--threads",
-        type=at_least(1),
+        type=at_least(1, os.cpu_count() or 1, " (this machine's cores)"),  # 10^5 threads crashed in OpenMP
         help="torch CPU threads for sampling (default: 1 for a small model, unless OMP_NUM_THREADS is set)",
     )
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ if __name__ == "__main__":  # a module: run as a file, its first import of its o
     raise SystemExit("error: scripts/sampler.py is a module of scripts/sample.py; run: python scripts/sample.py --help")
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -49,8 +50,9 @@ class SampleConfig:
             raise ValueError("no checkpoint given; pass a checkpoint file or a run directory first")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
-        if self.threads is not None:
-            check_int("threads", self.threads, low=1, rule="it must be >= 1 (or none for the default)")
+        if self.threads is not None:  # more than the cores never helps, and 10^5 crashed in OpenMP
+            cores = os.cpu_count() or 1
+            check_int("threads", self.threads, 1, cores, f"it must be 1 to {cores}, this machine's cores (or none)")
 
 
 def cli_fields() -> list[FieldDoc]:

@@ -3,6 +3,7 @@ the Runs view, and the HTTP API's errors (JSON, one line, and the server keeps a
 
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -435,6 +436,9 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsy
         ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
         ("--hots", "x"): "error: unrecognized arguments: --hots x (see --help)",
         ("--device", "gpu"): "error: device='gpu' is invalid; use auto, cpu, cuda, cuda:N or mps (see --help)",
+        # 10^5 threads crashed in OpenMP (segfault, no message)
+        ("--threads", "100000"): f"error: argument --threads: 100000 is invalid; it must be an integer from 1 to "
+        f"{os.cpu_count()} (this machine's cores) (see --help)",
     }
     for args, message in bad.items():
         with pytest.raises(SystemExit) as exit_:
