@@ -13,9 +13,9 @@ conclusion written in advance: the words are chosen from the numbers.
 import math
 from collections.abc import Callable
 
-from analysis.report import cell_kv_bytes, matches
+from analysis.report import cell_kv_bytes
 from analysis.stats import fmt_interval, paired_difference
-from analysis.sweep import Cell
+from analysis.sweep import Cell, matches
 
 VASWANI_A = {1: 5.29, 4: 5.00, 8: 4.92, 16: 4.91, 32: 5.01}  # n_head -> dev PPL, d_k = d_v = 512 / n_head
 VASWANI_B = {16: 5.16, 32: 5.01, 64: 4.92}  # d_k -> dev PPL at n_head 8 (d_v stays 64 in the paper)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run, setting, sort_key, varying_keys
+from analysis.sweep import COMPLETED, Cell, Run, matches, setting, sort_key, varying_keys
 
 FULL_VAL_TEXT = "each run's best checkpoint scored on every held-out token (full val, --full-val)"
 LOOP_VAL_TEXT = "final validation values on the run's own eval_batches val batches (curves: the same batches)"
@@ -36,16 +36,6 @@ def cell_kv_bytes(cell: Cell) -> int:
     run = cell.runs[0]
     n_kv_head = run.config.get("model.n_kv_head") or cell.info("n_head")
     return kv_cache_bytes_per_token(cell.info("n_layer"), n_kv_head, cell.info("d_k"))
-
-
-def matches(value: Any, text: str) -> bool:
-    """A cell's value equals a command-line value: 1e-3 matches 0.001, 'null' matches None."""
-    if value is None:
-        return text in ("null", "None")
-    try:
-        return float(value) == float(text)
-    except (TypeError, ValueError):
-        return str(value) == text
 
 
 def choose_reference(cells: list[Cell], spec: dict[str, str] | None) -> Cell | None:

@@ -176,6 +176,16 @@ def hydra_overridden_keys(run_dir: Path) -> set[str]:
         return set()
 
 
+def matches(value: Any, text: str) -> bool:
+    """A cell's value equals a command-line value: 1e-3 matches 0.001, 'null' matches None."""
+    if value is None:
+        return text in ("null", "None")
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return str(value) == text
+
+
 def sweep_jobs(params: list[str], task: list[str]) -> list[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper expands a recipe's hydra.sweeper.params and a command line:
     the product of each key's values, where the command line's values for a key the recipe also sweeps replace

@@ -7,7 +7,7 @@ API and read by the schema's checks (cli.config.to_train_config), before Hydra i
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from analysis.sweep import planned_sweep
@@ -29,15 +29,38 @@ def check_every_job(task: list[str]) -> None:
         if jobs is None:
             return
         shared = set.intersection(*map(set, jobs)) if len(jobs) > 1 else set()
+        folders: dict[str, str] = {}  # a job's folder -> the first job that writes it
         for number, overrides in enumerate(jobs, start=1):  # counted as the sweep's "job i of N" lines count
             own = [o for o in overrides if o not in shared] or overrides  # what sets this job apart from the others
-            where = f"sweep job {number} of {len(jobs)} ({' '.join(own)}), checked before any job runs"
+            where = f"sweep job {number} of {len(jobs)} ({' '.join(own)})"
             try:
-                job = compose(config_name="config", overrides=overrides)
+                job = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+                folder, pattern = job_folder(job)
                 with open_dict(job):
+                    job.pop("hydra")
                     job.out_dir = job.out_dir or f"job-{number}"  # Hydra names the job's folder when it runs
                 to_train_config(job)
             except (HydraException, OmegaConfBaseException) as e:
-                raise ValueError(f"{where}: {composition_error(e)}") from None
+                raise ValueError(f"{where}, checked before any job runs: {composition_error(e)}") from None
             except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
+                raise ValueError(f"{where}, checked before any job runs: {e}") from None
+            if folder is not None and folder in folders:
+                # the second job found the first's folder in use (or finished) and failed, after Hydra had
+                # rewritten the first's .hydra/ record with its own overrides
+                raise ValueError(
+                    f"{folders[folder]} and {where} would both write to the job folder {folder!r}: the recipe names "
+                    f"its jobs' folders {pattern}, which leaves out what sets them apart; give "
+                    "hydra.sweep.subdir=<a pattern naming every swept key> or sweep one value at a time"
+                )
+            if folder is not None:
+                folders[folder] = where
+
+
+def job_folder(job: DictConfig) -> tuple[str | None, str]:
+    """(the job's folder under the sweep's, the pattern that named it); None for a folder Hydra names as the
+    job runs (its number, the default)."""
+    pattern = str(OmegaConf.to_container(job.hydra.sweep, resolve=False).get("subdir"))
+    try:
+        return str(job.hydra.sweep.subdir), pattern
+    except OmegaConfBaseException:  # hydra.job.num and the like are set by the launcher
+        return None, pattern

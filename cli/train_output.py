@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from analysis.sweep import planned_sweep
+from analysis.sweep import matches, planned_sweep
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
@@ -314,13 +314,15 @@ class SweepHint(Callback):
         self.jobs, self.at_a_time, self.started = 0, 1, 0.0  # set when a multirun starts; a single run has no jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        jobs = planned_sweep(config.hydra.sweeper, list(config.hydra.overrides.task))
+        # part of a recipe (model.n_head=1,2 of vaswani_a's five) may leave out its reference cell
+        reference = self.reference if jobs is None or reference_in_plan(self.reference, jobs) else None
         SweepHint.sweep = {
             "sweep_dir": str(config.hydra.sweep.dir),
             "paper": self.paper,
-            "reference": self.reference,
+            "reference": reference,
             "full_val": self.full_val,
         }
-        jobs = planned_sweep(config.hydra.sweeper, list(config.hydra.overrides.task))
         self.jobs, self.started = len(jobs or []), time.perf_counter()
         launcher = config.hydra.get("launcher") or {}  # the parallel launcher's jobs at a time; Hydra's: one
         self.at_a_time = jobs_at_a_time(launcher.get("jobs")) if "jobs" in launcher else 1
@@ -340,6 +342,19 @@ class SweepHint(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)
+
+
+def reference_in_plan(reference: str | None, jobs: list[list[str]]) -> bool:
+    """Whether some job of the sweep has the `--reference` cell's values ('model.n_head=4,model.d_k=null'); a key
+    no job's overrides set is taken to match (the recipe fixed it)."""
+    if not reference:
+        return True
+    wanted = [part.partition("=")[::2] for part in reference.split(",")]
+    for job in jobs:
+        values = dict(o.partition("=")[::2] for o in job)
+        if all(key not in values or matches(values[key], value) for key, value in wanted):
+            return True
+    return False
 
 
 def sweep_hint(

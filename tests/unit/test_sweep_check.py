@@ -1,0 +1,31 @@
+"""cli/sweep_check.py and the sweep's closing hint, without training: what is refused before any job runs."""
+
+import pytest
+
+from cli.sweep_check import check_every_job
+from cli.train_output import reference_in_plan
+
+
+def test_two_jobs_the_recipe_would_put_in_one_folder_are_refused_before_any_runs():
+    # Defect: vaswani_b names its jobs dk${model.d_k}_s${seed}; sweeping n_head too gave both jobs dk8_s1, and
+    # the second rewrote the first's .hydra/ record (n_head=4 beside a run trained with 2) before failing.
+    task = ["+experiment=vaswani_b_cpu", "model.n_head=2,4", "model.d_k=8", "seed=1"]
+    with pytest.raises(
+        ValueError,
+        match=r"^sweep job 1 of 2 \(model.n_head=2\) and sweep job 2 of 2 \(model.n_head=4\) "
+        r"would both write to the job folder 'dk8_s1': the recipe names its jobs' folders "
+        r"dk\$\{model.d_k\}_s\$\{seed\}",
+    ):
+        check_every_job(task)
+    check_every_job([*task, "hydra.sweep.subdir=h${model.n_head}_dk${model.d_k}_s${seed}"])  # its own advice
+    check_every_job(["+debug=tiny", "model.n_head=1,2", "seed=1,1"])  # numbered folders (Hydra's default) never meet
+
+
+def test_the_report_command_keeps_a_reference_cell_only_where_the_sweep_has_it():
+    # Defect: part of vaswani_a (n_head=1,2 of its five) printed `--reference model.n_head=4`, which the report
+    # then refused: it matches no cell.
+    jobs = [["+experiment=vaswani_a_cpu", f"model.n_head={h}", "seed=1"] for h in (1, 2)]
+    assert not reference_in_plan("model.n_head=4", jobs)
+    assert reference_in_plan("model.n_head=2", jobs) and reference_in_plan(None, jobs)
+    assert reference_in_plan("model.n_head=2,model.d_k=null", jobs)  # a key no job sets is the recipe's fixed value
+    assert reference_in_plan("optim.lr=1e-3", [["optim.lr=0.001"]])  # the same number, spelled otherwise
