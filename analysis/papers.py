@@ -84,7 +84,20 @@ def by_loss(cells: list[Cell]) -> list[Cell]:
     return sorted((c for c in cells if c.metric("val/loss")), key=loss)
 
 
+def check_split_heads(cells: list[Cell]) -> None:
+    """Table 3 (A) keeps h x d_k = d_model: a sweep of head counts at a fixed d_k changes the size with h, which
+    is another question (Bhojanapalli's), so its verdicts would not be the paper's."""
+    for cell in cells:
+        d_model, d_k, n_head = cell.info("d_model"), cell.info("d_k"), cell.values["model.n_head"]
+        if None not in (d_model, d_k) and d_k * n_head != d_model:
+            raise ValueError(
+                f"--paper vaswani_a compares head counts at d_k = d_model / h, as Table 3 (A) does; {cell.label()} "
+                f"ran d_k {d_k} at d_model {d_model}: sweep with model.d_k=null, or give --paper bhojanapalli"
+            )
+
+
 def vaswani_a(cells: list[Cell]) -> tuple[list[str], list[str]]:
+    check_split_heads(cells)
     heads = sorted(c.values["model.n_head"] for c in cells)
     ranked = by_loss(cells)
     best = ranked[0]

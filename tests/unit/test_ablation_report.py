@@ -376,7 +376,8 @@ def test_a_folder_of_two_sweeps_counts_the_jobs_each_plan_never_started(tmp_path
 
 def test_a_paper_claim_between_cells_with_no_seed_in_common_shows_no_nan(tmp_path):
     for n_head, seed in ((1, 2), (2, 1)):
-        write_fake_run(tmp_path / "sweep" / f"h{n_head}", config(seed, f"out/{n_head}", n_head=n_head), 2.0 + n_head)
+        run = config(seed, f"out/{n_head}", n_head=n_head)
+        write_fake_run(tmp_path / "sweep" / f"h{n_head}", run, 2.0 + n_head, d_k=32 // n_head)  # d_model 32
     report = write_report(tmp_path / "sweep", tmp_path / "out", paper="vaswani_a").read_text()
     assert "nan" not in report.lower()
     assert "| model.n_head=1 − model.n_head=2: — | cannot tell: 0 paired seed(s) |" in report

@@ -18,7 +18,8 @@ def sweep(root: Path, losses: dict[tuple, float], keys: tuple[str, ...], **info)
         model = dict(zip(keys, values, strict=True))
         for seed, noise in enumerate(NOISE):
             name = "_".join(f"{k}{v}" for k, v in model.items()) + f"_s{seed}"
-            extra = {"n_head": model.get("n_head", 4), "d_k": model.get("d_k") or 16, **info}
+            n_head, d_k = model.get("n_head", 4), model.get("d_k") or 16
+            extra = {"n_head": n_head, "d_k": d_k, "d_model": n_head * d_k, **info}  # h x d_k = d_model, as (A) has
             write_fake_run(root / name, {"seed": seed, "model": model}, value + noise, **extra)
     runs = find_runs(root)
     return group_cells(runs, varying_keys(runs))
@@ -51,11 +52,22 @@ def test_vaswani_a_differs_when_most_heads_is_best_and_is_unresolved_when_noisy(
         "too many heads is worse again (our most: 16)": TWO_COUNTS,
     }
     for seed, loss in enumerate((2.0, 2.25, 2.1)):  # h=1 worse on one seed, better on another
-        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, loss, n_head=1)
-        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, 2.1, n_head=4)
+        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, loss, n_head=1, d_k=32)
+        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, 2.1, n_head=4, d_k=8)
     runs = find_runs(tmp_path / "b")
     verdicts = claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs))))
     assert verdicts["one head is clearly worse than the best head count"] == "unresolved: our interval includes 0"
+
+
+def test_vaswani_a_refuses_head_counts_at_a_fixed_d_k(tmp_path):
+    # Defect: n_head=1,2,4 at model.d_k=4 got the paper's verdicts under the title "heads at d_k = d_model / h"
+    cells = sweep(tmp_path, {(1,): 2.3, (2,): 2.2, (4,): 2.1}, ("n_head",), d_k=4, d_model=16)
+    with pytest.raises(
+        ValueError,
+        match=r"^--paper vaswani_a compares head counts at d_k = d_model / h, as Table 3 "
+        r"\(A\) does; model.n_head=1 ran d_k 4 at d_model 16: sweep with model.d_k=null, or give",
+    ):
+        paper_section("vaswani_a", cells)
 
 
 def test_vaswani_b_checks_each_smaller_d_k_against_the_widest(tmp_path):
@@ -126,16 +138,16 @@ def test_vaswani_a_compares_a_best_cell_with_the_next_best_not_by_its_mean_alone
     """One head best by its mean, within the seed spread of two heads, is unresolved, not 'differs'; a sweep
     whose other cells never finished has nothing to compare (it read 'differs' for both claims)."""
     for seed, (one, two) in enumerate(((2.00, 2.05), (2.10, 2.06), (2.05, 2.07))):
-        write_fake_run(tmp_path / "a" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, one, n_head=1)
-        write_fake_run(tmp_path / "a" / f"h2_s{seed}", {"seed": seed, "model": {"n_head": 2}}, two, n_head=2)
+        write_fake_run(tmp_path / "a" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, one, n_head=1, d_k=32)
+        write_fake_run(tmp_path / "a" / f"h2_s{seed}", {"seed": seed, "model": {"n_head": 2}}, two, n_head=2, d_k=16)
     runs = find_runs(tmp_path / "a")
     assert claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs)))) == {
         "one head is clearly worse than the best head count": "unresolved: our interval includes 0",
         "too many heads is worse again (our most: 2)": TWO_COUNTS,
     }
     for seed in range(2):
-        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, 2.0, n_head=1)
-        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, None, n_head=4)
+        write_fake_run(tmp_path / "b" / f"h1_s{seed}", {"seed": seed, "model": {"n_head": 1}}, 2.0, n_head=1, d_k=32)
+        write_fake_run(tmp_path / "b" / f"h4_s{seed}", {"seed": seed, "model": {"n_head": 4}}, None, n_head=4, d_k=8)
     runs = find_runs(tmp_path / "b")
     verdicts = claims(paper_section("vaswani_a", group_cells(runs, varying_keys(runs))))
     assert set(verdicts.values()) == {"not measured: the sweep has one completed cell, nothing to compare it with"}
