@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
+from analysis.report import compared_metric
 from analysis.stats import CONFIDENCE, Interval, t_interval
 from analysis.sweep import CRASHED, INTERRUPTED, Cell, Run, sort_key
 
@@ -97,7 +98,8 @@ def plot_differences(cells: list[Cell], diffs: list[Interval | None], reference:
         ax.errorbar([x], [diff.mean], yerr=err, fmt="o", color=color, capsize=5, ms=6)
     ax.axhline(0.0, color="black", lw=1)
     ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
-    ax.set_ylabel("val loss − reference (nats), same seeds")
+    _, name, unit = compared_metric(cells)
+    ax.set_ylabel(f"val {name} − reference, same seeds" + (" (nats)" if unit == "nats" else ""))
     ax.set_title(
         f"Paired difference from {reference.label()} ({CONFIDENCE:.0%} t-interval; red = resolved)", fontsize=9
     )

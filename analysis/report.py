@@ -56,8 +56,26 @@ def choose_reference(cells: list[Cell], spec: dict[str, str] | None) -> Cell | N
     return found[0]
 
 
-def differences(cells: list[Cell], reference: Cell | None, metric: str = "val/loss") -> list[Interval | None]:
-    """Paired (same-seed) difference of each cell against the reference; None for the reference itself."""
+def compared_metric(cells: list[Cell]) -> tuple[str, str, str]:
+    """(metric, its name, its unit) the cells are compared in: loss in nats per token, or bits per byte where
+    their data differ (a swept data.* key): a token of one tokenizer is not a token of another, so a BPE run's
+    higher loss per token read as worse while its bits/byte were better."""
+    if any(key.startswith("data.") for cell in cells[:1] for key in cell.values):
+        return "val/bpb", "bits/byte", "bits/byte"
+    return "val/loss", "loss", "nats"
+
+
+def in_bits(cells: list[Cell]) -> str:
+    """The clause that says Δ is in bits/byte, where `compared_metric` chose it."""
+    if compared_metric(cells)[0] == "val/loss":
+        return ""
+    return ", in bits/byte: the runs differ in their data, and a token of one tokenizer is not a token of another"
+
+
+def differences(cells: list[Cell], reference: Cell | None) -> list[Interval | None]:
+    """Paired (same-seed) difference of each cell against the reference, in `compared_metric`; None for the
+    reference itself."""
+    metric = compared_metric(cells)[0]
     ref = reference.metric(metric) if reference else {}
     return [None if c is reference else paired_difference(c.metric(metric), ref) for c in cells]
 
@@ -72,7 +90,7 @@ def table(cells: list[Cell], reference: Cell | None) -> str:
     # the effective d_k, unless the swept model.d_k column already shows it (it is null where d_model / h)
     show_dk = not ("model.d_k" in keys and all(cell.values["model.d_k"] == cell.info("d_k") for cell in cells))
     head = [*keys, *(["d_k"] if show_dk else []), "params", "FLOPs/token", "KV bytes/token", "steps", "tokens/s"]
-    head += ["val loss (nats)", "Δ loss vs reference", "val bits/byte", "seeds"]
+    head += ["val loss (nats)", f"Δ {compared_metric(cells)[1]} vs reference", "val bits/byte", "seeds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
         steps = in_order({r.summary.get("step") for r in cell.runs})
@@ -93,6 +111,7 @@ def table(cells: list[Cell], reference: Cell | None) -> str:
 def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]:
     """One line per cell: its paired difference from the reference in words."""
     out = []
+    unit = compared_metric(cells)[2]
     for cell, diff in zip(cells, differences(cells, reference), strict=True):
         if diff is not None and diff.n == 0:  # no mean of no differences: say why there is none
             seeds = [", ".join(map(str, in_order(c.metric("val/loss")))) for c in (cell, reference)]
@@ -101,7 +120,8 @@ def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]
                 f"(seeds {seeds[0]} against {seeds[1]})."
             )
         elif diff is not None:
-            out.append(f"- {cell.label()} vs {reference.label()}: val loss {diff.mean:+.4f} nats, {verdict(diff)}.")
+            change = f"val loss {diff.mean:+.4f} nats" if unit == "nats" else f"val bits/byte {diff.mean:+.4f}"
+            out.append(f"- {cell.label()} vs {reference.label()}: {change}, {verdict(diff, unit)}.")
     return out
 
 
@@ -197,7 +217,7 @@ def markdown_report(
         "",
         f"Loss and bits/byte are {FULL_VAL_TEXT if full_val else LOOP_VAL_TEXT}: mean [{pct} t-interval over seeds]. "
         f"Δ is the paired difference against the reference ({reference.label() if reference else '—'}) over "
-        "the seeds both share (same seed, same data order), with its t-interval. KV bytes/token = "
+        f"the seeds both share (same seed, same data order), with its t-interval{in_bits(cells)}. KV bytes/token = "
         f"2 · n_layer · n_kv_head · d_k · {KV_BYTES_PER_VALUE} (bf16). FLOPs/token count matmuls, fwd + bwd.",
         "",
         *predated_note(runs),

@@ -406,3 +406,21 @@ def test_runs_written_before_a_key_existed_read_it_as_its_default(tmp_path):
         diff["model"] |= {"attn_diff": True, "mla_latent": None}
         write_fake_run(tmp_path / "sweep" / f"diff_s{seed}", diff, 2.2 + seed)
     assert varying_keys(find_runs(tmp_path / "sweep")) == ["model.attn_diff", "model.n_head"]
+
+
+def test_runs_on_two_tokenizers_are_compared_in_bits_per_byte(tmp_path):
+    # Defect: a BPE run's loss per token (a token of ~3 bytes) read as 'higher by 3.84 nats' than a char run's,
+    # while its bits/byte were the better ones.
+    for seed in (0, 1, 2):
+        for tokenizer, loss, bpb in (("char", 1.5, 2.2 + seed / 100), ("bpe", 4.0, 1.9 + seed / 100)):
+            run = {**config(seed, f"out/{tokenizer}/{seed}"), "data": {"tokenizer": tokenizer}}
+            path = write_fake_run(tmp_path / "sweep" / f"{tokenizer}_s{seed}", run, loss)
+            summary = json.loads((path / "summary.json").read_text())
+            (path / "summary.json").write_text(json.dumps(summary | {"val/bpb": bpb}))
+    report = write_report(tmp_path / "sweep", tmp_path / "out", reference="data.tokenizer=char").read_text()
+    assert "with its t-interval, in bits/byte: the runs differ in their data" in report
+    assert "| Δ bits/byte vs reference |" in report
+    assert (
+        "- data.tokenizer=bpe vs data.tokenizer=char: val bits/byte -0.3000, resolved: lower by 0.3000 bits/byte"
+        in report
+    )
