@@ -401,7 +401,10 @@ def help_text(config_dir: Path) -> str:
 
 
 def sweeping_recipe(args: Sequence[str]) -> str | None:
-    """`+experiment=NAME` when that recipe's YAML turns Hydra's multirun on (it is a sweep without -m)."""
+    """`+experiment=NAME` when that recipe's YAML turns Hydra's multirun on (it is a sweep without -m), unless
+    the command line turns it off again (hydra.mode=RUN: one job of the recipe, as its continue line runs it)."""
+    if "hydra.mode=RUN" in args:
+        return None
     for arg in args:
         key, _, name = arg.lstrip("+").partition("=")
         path = CONFIG_DIR / "experiment" / f"{name}.yaml"

@@ -29,3 +29,12 @@ def test_the_report_command_keeps_a_reference_cell_only_where_the_sweep_has_it()
     assert reference_in_plan("model.n_head=2", jobs) and reference_in_plan(None, jobs)
     assert reference_in_plan("model.n_head=2,model.d_k=null", jobs)  # a key no job sets is the recipe's fixed value
     assert reference_in_plan("optim.lr=1e-3", [["optim.lr=0.001"]])  # the same number, spelled otherwise
+
+
+def test_a_recipe_sweeps_job_continued_with_hydra_mode_run_is_one_run():
+    # Defect: the continue line printed for one job of a recipe sweep (+experiment=... hydra.mode=RUN) was
+    # refused as "out_dir does not apply to a sweep"; the recipe's YAML turns multirun on, the line turns it off.
+    from cli.train_output import sweeping_recipe
+
+    assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1"]) == "+experiment=ablate_heads_dk_cpu"
+    assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1", "hydra.mode=RUN"]) is None
