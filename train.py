@@ -69,7 +69,10 @@ def main(cfg: DictConfig) -> float | None:
             )  # fmt: skip
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
-        log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
+        if e.finished:
+            log.warning("%s", e)
+        else:
+            log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
         if multirun:  # that continues this job alone: the jobs after it never started
             sweep_dir = str(Path(hydra_cfg.sweep.dir).absolute())
             log.warning("continue the whole sweep: %s", cli.sweep_continue_command(sweep_dir, sys.argv[1:]))

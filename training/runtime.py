@@ -262,9 +262,14 @@ class RunInterrupted(Exception):
     """Raised by `train` after a signal-triggered save; `exit_code` is the shell's 128 + signum (the
     command that continues the run is the CLI's to say: it knows the overrides the run was started with)."""
 
-    def __init__(self, signum: int, step: int, path: str, out_dir: str) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; saved {path}")
-        self.signum, self.out_dir = signum, out_dir
+    def __init__(self, signum: int, step: int, path: str, out_dir: str, finished: bool = False) -> None:
+        name = signal.Signals(signum).name
+        if finished:  # after the last step: the run is complete, only what follows it was cut short
+            super().__init__(f"stopped by {name} after the run's last step ({step}, saved {path}); the run is "
+                             "complete, its end-of-run plot and sample were skipped")  # fmt: skip
+        else:
+            super().__init__(f"stopped by {name} after step {step}; saved {path}")
+        self.signum, self.out_dir, self.finished = signum, out_dir, finished
         self.exit_code = 128 + signum
 
 

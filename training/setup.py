@@ -5,6 +5,7 @@ sample), then the loop (training/trainer.py) runs, and the run ends with its plo
 import logging
 import math
 import os
+import signal
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from rundir.run import Run, restore
 from training import distributed
 from training.config import TrainConfig
 from training.distributed import DistInfo
-from training.runtime import StopSignals, check_precision_runs, peak_flops, resolve_device
+from training.runtime import RunInterrupted, StopSignals, check_precision_runs, peak_flops, resolve_device
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -62,10 +63,13 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
                 restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
             metrics = trainer.fit(stop)
         run.close()
-        if dist.is_main:
-            plot_run(Path(cfg.out_dir))
-        if cfg.sample_tokens > 0:
-            print_sample(trainer)
+        try:
+            if dist.is_main:
+                plot_run(Path(cfg.out_dir))
+            if cfg.sample_tokens > 0:
+                print_sample(trainer)
+        except KeyboardInterrupt:  # a Ctrl-C after the last step: said as a stop, not as a second Ctrl-C's loss
+            raise RunInterrupted(signal.SIGINT, trainer.state.step, str(run.latest()), cfg.out_dir, True) from None
         return metrics
     finally:
         run.close()

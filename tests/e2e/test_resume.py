@@ -90,6 +90,25 @@ def test_ctrl_c_saves_the_current_step_and_resume_matches(run_overrides, tmp_pat
     assert summary["elapsed_s"] >= max(logged(tmp_path / "run", "time/elapsed_s").values())  # and the last eval
 
 
+def test_a_ctrl_c_during_the_end_of_run_plot_is_a_stop_after_the_complete_run(run_overrides, tmp_path, monkeypatch):
+    # Defect: the signal handlers were gone by then, so it read as a second Ctrl-C: "interrupted before a save",
+    # beside a summary.json saying completed, and a sweep's "continue the whole sweep" line was never printed.
+    import training.setup
+
+    def plot_interrupted(out_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training.setup, "plot_run", plot_interrupted)
+    with pytest.raises(
+        RunInterrupted,
+        match=r"^stopped by SIGINT after the run's last step \(20, saved .*step_0000020"
+        r".*\); the run is complete, its end-of-run plot and sample were skipped$",
+    ) as stopped:
+        run_train(run_overrides)
+    assert stopped.value.finished and stopped.value.exit_code == 130
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
 def test_a_signal_during_the_last_step_finishes_the_run(run_overrides, tmp_path, monkeypatch):
     # Defect: a stop requested during the last step raised "stopped by SIGINT" with a continue command,
     # though the run had reached its end; summary.json was never written, so the run read as unfinished
