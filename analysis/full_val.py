@@ -1,6 +1,6 @@
 """A run's score on every held-out token: its best checkpoint over the whole val split, in non-overlapping
 windows of block_size (training.evaluate.split_loss), as bits per byte of the val text. The loop's own
-val/loss reads 10 batches drawn with the run's seed, which spread 4.6 times more between seeds (s = 0.0114
+val/loss reads 10 batches drawn with the run's seed, which spread 4.5 times more between seeds (s = 0.0114
 against 0.0025 bits/byte over the noise floor's 10 seeds, docs/ablation/noise_floor/), so comparisons that
 must resolve small differences use this one.
 

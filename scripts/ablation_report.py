@@ -13,7 +13,7 @@ adds the published results beside ours, with a verdict per claim, for a sweep ov
 and no other (see --help). Runs that crashed, never started or
 whose records are cut short are listed in the report, not dropped. Nothing is written if the input is bad.
 --full-val scores each completed run's best checkpoint on every held-out token (analysis/full_val.py,
-kept as RUN/full_val.json) and compares those, whose seed spread is 4.6 times smaller.
+kept as RUN/full_val.json) and compares those, whose seed spread is 4.5 times smaller.
 """
 
 import argparse
