@@ -121,8 +121,19 @@ def comparison_sentences(cells: list[Cell], reference: Cell | None) -> list[str]
             )
         elif diff is not None:
             change = f"val loss {diff.mean:+.4f} nats" if unit == "nats" else f"val bits/byte {diff.mean:+.4f}"
-            out.append(f"- {cell.label()} vs {reference.label()}: {change}, {verdict(diff, unit)}.")
+            seeds = shared_seeds(cell, reference)
+            out.append(f"- {cell.label()} vs {reference.label()}: {change}, {verdict(diff, unit)}{seeds}.")
     return out
+
+
+def shared_seeds(cell: Cell, reference: Cell) -> str:
+    """Which seeds a paired difference used, where the two cells do not have the same ones (the table's seed
+    column lists each cell's own, and a mean beside a difference over fewer seeds read as a contradiction)."""
+    mine, theirs = set(cell.metric("val/loss")), set(reference.metric("val/loss"))
+    if mine == theirs:
+        return ""
+    both = in_order(mine & theirs)
+    return f" (over the {len(both)} seeds both have: {', '.join(map(str, both))})"
 
 
 def never_started(runs: list[Run], root: Path, plans: dict[Path, int] | None) -> list[str]:

@@ -87,7 +87,8 @@ class Cell:
         return self.runs[0].info.get(key)
 
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "all runs"
+        # null, as the table shows it and --reference takes it (the prose said None beside the table's null)
+        return ", ".join(f"{k}={'null' if v is None else v}" for k, v in self.values.items()) or "all runs"
 
 
 def read_object(path: Path) -> dict[str, Any] | None:

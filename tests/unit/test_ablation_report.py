@@ -424,3 +424,15 @@ def test_runs_on_two_tokenizers_are_compared_in_bits_per_byte(tmp_path):
         "- data.tokenizer=bpe vs data.tokenizer=char: val bits/byte -0.3000, resolved: lower by 0.3000 bits/byte"
         in report
     )
+
+
+def test_a_difference_over_fewer_seeds_than_a_cell_has_names_them(tmp_path):
+    # two sweeps in one folder: n_head=1 over seeds 1, 2, 3 and n_head=4 over 2, 3, 4; the row's mean is over
+    # its own three, its Δ over the two both have, and nothing said so
+    for n_head, seeds in ((1, (1, 2, 3)), (4, (2, 3, 4))):
+        for seed in seeds:
+            run = config(seed, f"out/{n_head}/{seed}", n_head=n_head, d_k=None)
+            write_fake_run(tmp_path / "sweep" / f"h{n_head}_s{seed}", run, 2.0 + n_head / 10 + seed / 100, d_k=8)
+    report = write_report(tmp_path / "sweep", tmp_path / "out", reference="model.n_head=1").read_text()
+    assert "- model.n_head=4 vs model.n_head=1: val loss +0.3000 nats, " in report
+    assert "(over the 2 seeds both have: 2, 3)." in report
