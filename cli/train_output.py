@@ -26,7 +26,7 @@ from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoint import read_header
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
-from rundir.files import RunDirInUse, live_run_in
+from rundir.files import RunDirInUse, live_run_in, run_dir_itself
 from training.config import TrainConfig
 from training.distributed import DistInfo
 
@@ -171,15 +171,6 @@ def sweep_continue_command(sweep_dir: str, argv: Sequence[str]) -> str:
     kept = [a for a in argv if a not in ("-m", "--multirun") and override_key(a) not in keys]
     folder = f"hydra.sweep.dir={shell_quote(hydra_value(sweep_dir))}"
     return " ".join([python_command(), "train.py -m", *map(shell_quote, kept), folder, "resume=auto"])
-
-
-def run_dir_itself(out_dir: Path) -> Path:
-    """The directory a symlinked out_dir points to (outputs/latest moves on with the next run; a command
-    printed for this one must not), relative where out_dir was; out_dir itself otherwise."""
-    if not out_dir.is_symlink():
-        return out_dir
-    target = out_dir.resolve()
-    return target if out_dir.is_absolute() else Path(os.path.relpath(target))
 
 
 def nothing_to_resume(out_dir: Path, overrides: Sequence[str], cfg: TrainConfig) -> ValueError:

@@ -40,6 +40,17 @@ def file_above(path: Path) -> Path | None:
     return parent if parent is not None and not parent.is_dir() else None
 
 
+def run_dir_itself(out_dir: Path) -> Path:
+    """The directory a symlinked out_dir points to, relative where out_dir was; out_dir itself otherwise. A run
+    works in it from its lock on: outputs/latest moves on with the next run, and a run that followed the
+    link at every write wrote into the next run's directory and rotated its checkpoints away (so must a
+    command printed for this run not follow it)."""
+    if not out_dir.is_symlink():
+        return out_dir
+    target = out_dir.resolve()
+    return target if out_dir.is_absolute() else Path(os.path.relpath(target))
+
+
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename, fsync the directory. The rename replaces the name
     `path` itself: a symlink there is replaced, its target never written."""

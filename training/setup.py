@@ -19,6 +19,7 @@ from generation.generate import SamplingParams, decode_threads, encode_prompt, s
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, restore_rng_state
+from rundir.files import run_dir_itself
 from rundir.records import plot_runs
 from rundir.run import Run, restore
 from training import distributed
@@ -43,7 +44,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> dict[str, Any]:
     """train() inside the process group: the run directory, set-up, the loop and what follows it."""
-    cfg.out_dir = distributed.broadcast_object(cfg.out_dir, dist)  # each rank's clock named its own new folder
+    # rank 0's: each rank's clock named its own new folder, and outputs/latest may move on while this runs
+    cfg.out_dir = distributed.broadcast_object(str(run_dir_itself(Path(cfg.out_dir))), dist)
     run = Run(cfg.out_dir, cfg.keep_last)
     distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
     try:

@@ -211,3 +211,28 @@ def test_a_first_checkpoint_that_does_not_fit_advises_a_command_that_works(args,
     monkeypatch.undo()
     run_train([*args, f"out_dir={out}", "overwrite=true"])  # the advice holds
     assert (out / "checkpoints" / "step_0000010.safetensors").is_file()
+
+
+def test_a_run_continued_through_a_symlink_stays_in_the_directory_it_locked(args, tmp_path, monkeypatch):
+    # Defect: `out_dir=outputs/latest resume=auto` (the README's "continue for longer") followed the link at every
+    # write; when the next run moved latest on, it wrote its checkpoints into that run's directory and its
+    # rotation deleted that run's own.
+    import training.trainer
+
+    first, other, latest = tmp_path / "first", tmp_path / "other", tmp_path / "latest"
+    run_train([*args, f"out_dir={first}", "max_steps=10"])
+    other.mkdir()
+    (other / "kept.txt").write_text("another run's file")
+    latest.symlink_to(first)
+    real_lr_at = training.trainer.lr_at
+
+    def lr_at_moving_the_link(step, *a):
+        if step == 12:  # the next run started: latest points at it now
+            latest.unlink()
+            latest.symlink_to(other)
+        return real_lr_at(step, *a)
+
+    monkeypatch.setattr(training.trainer, "lr_at", lr_at_moving_the_link)
+    run_train([*args, f"out_dir={latest}", "resume=auto", "max_steps=20"])
+    assert [p.name for p in other.iterdir()] == ["kept.txt"]
+    assert (first / "checkpoints" / "step_0000020.safetensors").is_file()
