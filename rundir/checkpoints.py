@@ -60,7 +60,9 @@ def find_checkpoint(path: str | Path) -> Path:
     )
 
 
-RUN_RECORDS = ("checkpoints", "config.yaml", METRICS, RUN_INFO, SUMMARY)  # what any run writes into its directory
+# What only a run writes into its directory: a folder holding none of them is no run's (a config.yaml alone is
+# as likely a project's own, configs/config.yaml, which overwrite=true replaced on the refusal's advice).
+RUN_RECORDS = ("checkpoints", METRICS, RUN_INFO, SUMMARY)
 
 
 class CheckpointDir:
@@ -82,11 +84,8 @@ class CheckpointDir:
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
         if resume is None:
-            if (held := self._files_in_the_way(overwrite)) and not self.holds_a_run():
-                raise ValueError(  # not "another run's files": `out_dir=.` in the repository named .git, README.md
-                    f"{self.directory.parent} holds files no run wrote ({held}); give a new or empty out_dir"
-                )
-            if held:
+            self.check_a_runs_or_empty()
+            if held := self._files_in_the_way(overwrite):
                 if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
                     raise ValueError(
                         f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
@@ -98,6 +97,7 @@ class CheckpointDir:
                 )
             path, step = None, -1
         elif resume == "auto" and self.latest() is None:  # e.g. a run killed before its first save
+            self.check_a_runs_or_empty()
             if held := self._files_in_the_way(overwrite):
                 raise ValueError(
                     f"resume=auto: {self.directory.parent} holds another run's files ({held}) but no checkpoint "
@@ -136,9 +136,15 @@ class CheckpointDir:
         self.adopt(keep_up_to=step)
         return path
 
-    def holds_a_run(self) -> bool:
-        """Whether the run directory holds a record some run writes (its checkpoints, config, metrics, summary)."""
-        return any((self.directory.parent / name).exists() for name in RUN_RECORDS)
+    def check_a_runs_or_empty(self) -> None:
+        """A fresh start replaces a run's files (with overwrite=true), never files no run wrote: overwrite does not
+        make `out_dir=.` in the repository (.git, README.md) or configs/ a run's directory."""
+        held = run_files(self.directory.parent)
+        records = [self.directory.parent / name for name in RUN_RECORDS]
+        if held and not any(p.exists() or p.is_symlink() for p in records):  # a copy's link to a deleted run too
+            raise ValueError(  # not "another run's files", which offered overwrite=true
+                f"{self.directory.parent} holds files no run wrote ({', '.join(held[:4])}); give a new or empty out_dir"
+            )
 
     def _files_in_the_way(self, overwrite: bool) -> str:
         """The files of another run that a fresh run here would replace ("" for none, or under overwrite)."""

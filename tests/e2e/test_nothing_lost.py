@@ -401,6 +401,19 @@ def test_a_refused_start_in_an_existing_directory_leaves_no_lock_file(corpus_arg
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("options", [[], ["overwrite=true"], ["resume=auto", "overwrite=true"]])
+def test_a_projects_own_config_yaml_is_no_run_to_replace(corpus_args, tmp_path, options):
+    # Defect: `out_dir=configs` called configs/config.yaml "another run's files" and advised overwrite=true,
+    # which then replaced the project's config.yaml.
+    configs = tmp_path / "configs"
+    (configs / "model").mkdir(parents=True)
+    (configs / "config.yaml").write_text("defaults: [model: small]\n")
+    with pytest.raises(ValueError, match=r"configs holds files no run wrote \(config.yaml, model\); give a new or"):
+        run_train([*corpus_args, f"out_dir={configs}", *options])
+    assert (configs / "config.yaml").read_text() == "defaults: [model: small]\n"
+    assert sorted(p.name for p in configs.iterdir()) == ["config.yaml", "model"]
+
+
 def test_a_discarded_lock_removes_only_a_lock_file_it_made_beside_nothing_new(tmp_path):
     kept = tmp_path / "kept"  # a former run's lock file is that run's
     kept.mkdir()
