@@ -219,7 +219,7 @@ class CheckpointDir:
         try:
             path = save_checkpoint(self.directory / name, model, optimizer, meta, averaged)
             self.owned.add(name)
-            if is_best and not (self.directory / BEST).is_symlink():
+            if is_best:  # replaces a symlink there (a cp -as copy's), never writes through it: link_or_copy renames
                 link_or_copy(path, self.directory / BEST)
                 self.owned.add(BEST)
         except OSError as e:

@@ -19,6 +19,7 @@ import torch
 
 from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
+from rundir.checkpoint import load_checkpoint
 from rundir.files import RunLock
 from tests.helpers import ROOT, compose_config, run_cli, run_train
 from training.setup import train
@@ -111,6 +112,20 @@ def test_resume_auto_refuses_an_unreadable_newest_checkpoint_and_keeps_it(corpus
     proc = run_cli(["train.py", *corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=20"])
     assert "the newest checkpoint cannot be read" in one_error_line(proc)
     assert checksums(finished_run) == before
+
+
+def test_a_symlinked_best_is_replaced_by_a_better_checkpoint_and_its_original_kept(corpus_args, finished_run, tmp_path):
+    # Defect: a resumed `cp -as` copy kept best.safetensors linked to the original's old best, so sample.py, the
+    # lab and --score read it, while summary.json named a better val loss.
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-as", str(finished_run), str(copy)], check=True)
+    (copy / ".lock").unlink(missing_ok=True)
+    original = (finished_run / "checkpoints" / "best.safetensors").read_bytes()
+    run_train([*corpus_args, f"out_dir={copy}", "resume=auto", "max_steps=30", "eval_interval=10"])
+    best = copy / "checkpoints" / "best.safetensors"
+    summary = json.loads((copy / "summary.json").read_text())
+    assert not best.is_symlink() and load_checkpoint(best).meta["metrics"]["val/loss"] == summary["best_val_loss"]
+    assert (finished_run / "checkpoints" / "best.safetensors").read_bytes() == original
 
 
 def test_a_symlinked_checkpoint_and_what_it_points_to_survive_a_resume(corpus_args, finished_run, tmp_path):
