@@ -62,7 +62,7 @@ def find_checkpoint(path: str | Path) -> Path:
 
 # What only a run writes into its directory: a folder holding none of them is no run's (a config.yaml alone is
 # as likely a project's own, configs/config.yaml, which overwrite=true replaced on the refusal's advice).
-RUN_RECORDS = ("checkpoints", METRICS, RUN_INFO, SUMMARY)
+RUN_RECORDS = ("checkpoints", "train.log", METRICS, RUN_INFO, SUMMARY)
 
 
 class CheckpointDir:
@@ -251,12 +251,23 @@ def trim_metrics(path: Path, step: int) -> None:
     step -1 keeps none (a record without a step counts as step 0)."""
     if not path.is_file():
         return
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {e.start}); a run's records are JSON lines: move it away"
+        ) from None
     kept = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line torn by a kill
-        if isinstance(record, dict) and record.get("step", 0) <= step:
+        if not isinstance(record, dict):
+            continue
+        at = record.get("step", 0)
+        if isinstance(at, bool) or not isinstance(at, int):  # refused before anything of the run is replaced
+            raise ValueError(f"{path} has a record with step {at!r}; each record's step is an integer: mend that line")
+        if at <= step:
             kept.append(line + "\n")
     atomic_write_bytes(path, "".join(kept).encode())

@@ -76,8 +76,9 @@ class Run:
         """Every check has passed: only now may this run replace what out_dir holds. Starts the records
         (metrics.jsonl trimmed to the step it continues, train.log, config.yaml, run_info.json, wandb)
         and the progress bar; `shape` is the model's sizes, FLOPs/token and tokens/step."""
-        self.checkpoints.start(self.resume_from, state.step)
+        # the records first: a record it cannot read is refused before any checkpoint is replaced
         trim_metrics(self.out_dir / METRICS, self.checkpoints.history_kept(self.resume_from, state.step))
+        self.checkpoints.start(self.resume_from, state.step)
         log_to_file(self.out_dir / "train.log")
         write_config(self.out_dir / "config.yaml", config)
         logger_cfg = LoggerConfig(**config["logger"])

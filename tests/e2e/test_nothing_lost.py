@@ -397,6 +397,18 @@ def test_resume_path_from_another_directory_refuses_run_files_without_a_checkpoi
     assert (out / "checkpoints" / "step_0000012.safetensors").is_file()
 
 
+@pytest.mark.parametrize("bad", [b'{"step": null}\n', b'{"step": "x"}\n', b"\xff\xfe binary\n"])
+def test_a_record_that_cannot_be_read_is_refused_before_the_run_changes(corpus_args, finished_run, bad):
+    # Defect: a hand-edited step (null, "x") was a TypeError traceback; bytes that are not UTF-8 an error
+    # naming no file
+    with (finished_run / "metrics.jsonl").open("ab") as f:
+        f.write(bad)
+    before = checksums(finished_run)
+    with pytest.raises(ValueError, match=r"metrics.jsonl (has a record with step|is not UTF-8 text)"):
+        run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=20"])
+    assert checksums(finished_run) == before
+
+
 def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
     # Defect: trim_metrics(path, 0) kept the old run's step-0 record and any record without a step.
     (finished_run / "metrics.jsonl").write_text('{"step": 0, "val/loss": 99.0}\n{"note": "old"}\n')
