@@ -257,6 +257,9 @@ def read_run(run_dir: Path) -> Run:
             objects[name] = None
             broken.append(f"{name} cannot be read ({e.strerror or e})")
     info, summary = objects[RUN_INFO], objects[SUMMARY]
+    if summary is not None and info is None and not any(b.startswith(RUN_INFO) for b in broken):
+        # a finished run's size and shape: the table reads them (it was an AttributeError traceback)
+        broken.append(f"{RUN_INFO} is missing or not a file")
     config = flatten(info["config"]) if info and isinstance(info.get("config"), dict) else hydra_config(run_dir)
     curve = [(r.get("step"), r["val/loss"]) for r in records if "val/loss" in r]
     last_step = records[-1].get("step") if records else None

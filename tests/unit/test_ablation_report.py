@@ -436,3 +436,17 @@ def test_a_difference_over_fewer_seeds_than_a_cell_has_names_them(tmp_path):
     report = write_report(tmp_path / "sweep", tmp_path / "out", reference="model.n_head=1").read_text()
     assert "- model.n_head=4 vs model.n_head=1: val loss +0.3000 nats, " in report
     assert "(over the 2 seeds both have: 2, 3)." in report
+
+
+@pytest.mark.parametrize("damage", ["deleted", "a folder"])
+def test_a_finished_run_without_its_run_info_is_listed_unreadable(tmp_path, damage):
+    # Defect: read as completed, then an AttributeError traceback where the table read its size
+    lr_sweep(tmp_path / "sweep")
+    info = tmp_path / "sweep" / "lr0.001_s1" / "run_info.json"
+    (info.parent / ".hydra").mkdir()  # a sweep job's: how the report finds the run without its run_info
+    (info.parent / ".hydra" / "config.yaml").write_text("seed: 1\noptim:\n  lr: 0.001\n")
+    info.unlink()
+    if damage == "a folder":
+        info.mkdir()
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert f"| {UNREADABLE} |" in report and "run_info.json is missing or not a file" in report
