@@ -187,11 +187,14 @@ def nothing_to_resume(out_dir: Path, overrides: Sequence[str], cfg: TrainConfig)
 
 
 def config_differences(run: Path, cfg: TrainConfig) -> list[str]:
-    """Overrides that turn `cfg` into the config `run` was started with (its config.yaml), except the run's place
-    and ends, which a continue command sets itself; none where the run has no config to read."""
+    """Overrides that turn `cfg` into the config `run` was started with (its newest checkpoint's, which resume
+    compares with, not config.yaml, which anyone may edit), except the run's place and ends, which a continue
+    command sets itself; none where the run has no config to read."""
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
-    except Exception:  # missing, unreadable or not YAML: the plain command, as before
+        saved = read_header(CheckpointDir(run / "checkpoints").latest())[0]["config"]
+    except Exception:  # damaged or foreign: the plain command, as before
+        return []
+    if not isinstance(saved, dict):
         return []
     differences: list[str] = []
 

@@ -212,6 +212,8 @@ def test_the_newest_run_that_resume_auto_points_at_continues_as_pasted(corpus_ar
     work.mkdir()
     first = run_cli([str(ROOT / "train.py"), *corpus_args, "model.n_head=4", "out_dir=outputs/old"], cwd=work)
     assert first.returncode == 0, first.stderr[-2000:]
+    # read from the checkpoint, as resume compares: a config.yaml edited by hand was an AttributeError traceback
+    (work / "outputs" / "old" / "config.yaml").write_text("- a\n")
     line = one_error_line(run_cli([str(ROOT / "train.py"), *corpus_args, "resume=auto"], cwd=work))
     command = line.split("the newest run with checkpoints is outputs/old: ", 1)[1]
     assert "model.n_head=4" in shlex.split(command)
