@@ -51,36 +51,57 @@ def resolve_wandb_mode(mode: str) -> str:
     return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") or netrc_login else "offline")
 
 
-class MetricsLogger:
-    """Writes each record as one JSON line to `metrics.jsonl` and mirrors it to wandb."""
+# wandb's own modes, as WANDB_MODE may name them (dryrun: its older word for offline)
+WANDB_RUN_MODES = ("online", "offline", "dryrun", "disabled", "run", "shared")
 
-    def __init__(self, out_dir: Path, cfg: LoggerConfig, config: dict[str, Any], run_id: str | None = None):
+
+def start_wandb(out_dir: Path, cfg: LoggerConfig, config: dict[str, Any], run_id: str | None = None) -> Any:
+    """The run's wandb run, or None with cfg.wandb off; ValueError in one line when wandb cannot start (no API
+    key online, no network, a WANDB_MODE it does not know). A run calls it before it replaces anything."""
+    if not cfg.wandb:
+        return None
+    import wandb
+
+    mode = resolve_wandb_mode(cfg.mode)
+    if mode not in WANDB_RUN_MODES:  # wandb's answer was "1 validation error for Settings"
+        raise ValueError(f"WANDB_MODE={mode!r} is unknown to wandb; use one of: {', '.join(WANDB_RUN_MODES)}")
+    quiet = mode in ("offline", "dryrun")
+    try:
+        # Offline, wandb's banner, history sparklines and sync hints were 30 of a run's 78 lines and pushed the
+        # closing lines off the screen: silent, and one line of ours says where the run's files are.
+        run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group,
+            name=cfg.name,
+            tags=cfg.tags,
+            config=config,
+            dir=str(out_dir),
+            mode=mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=wandb.Settings(silent=True) if quiet else None,
+        )
+    except Exception as e:  # its UsageError, CommError, ...: a hundred lines of traceback, twice
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"wandb could not start its {mode} run ({type(e).__name__}: {first}); run `wandb login` or set "
+            "WANDB_API_KEY, or give logger.mode=offline (logger=none: no wandb)"
+        ) from None
+    if quiet:
+        folder = Path(run.dir).parent
+        log.info("wandb: offline run in %s (upload it with: wandb sync %s)", folder, folder)
+    return run
+
+
+class MetricsLogger:
+    """Writes each record as one JSON line to `metrics.jsonl` and mirrors it to `run` (wandb's, or None)."""
+
+    def __init__(self, out_dir: Path, run: Any = None):
         self.path = Path(out_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open_for_append(self.path)  # a link there is made the run's own file first
-        self.run = None
-        if cfg.wandb:
-            import wandb
-
-            mode = resolve_wandb_mode(cfg.mode)
-            # Offline, wandb's banner, history sparklines and sync hints were 30 of a run's 78 lines and pushed
-            # the closing lines off the screen: silent, and one line of ours says where the run's files are.
-            self.run = wandb.init(
-                project=cfg.project,
-                entity=cfg.entity,
-                group=cfg.group,
-                name=cfg.name,
-                tags=cfg.tags,
-                config=config,
-                dir=str(out_dir),
-                mode=mode,
-                id=run_id,
-                resume="allow" if run_id else None,
-                settings=wandb.Settings(silent=True) if mode == "offline" else None,
-            )
-            if mode == "offline":
-                folder = Path(self.run.dir).parent
-                log.info("wandb: offline run in %s (upload it with: wandb sync %s)", folder, folder)
+        self.run = run
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         try:

@@ -33,7 +33,16 @@ from model.config import GPTConfig
 from rundir import checkpoint as ckpt_io
 from rundir.checkpoints import CheckpointDir, trim_metrics
 from rundir.files import METRICS, SUMMARY, RunLock
-from rundir.records import LoggerConfig, MetricsLogger, log_to_file, mfu, write_config, write_json, write_run_info
+from rundir.records import (
+    LoggerConfig,
+    MetricsLogger,
+    log_to_file,
+    mfu,
+    start_wandb,
+    write_config,
+    write_json,
+    write_run_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +85,20 @@ class Run:
         """Every check has passed: only now may this run replace what out_dir holds. Starts the records
         (metrics.jsonl trimmed to the step it continues, train.log, config.yaml, run_info.json, wandb)
         and the progress bar; `shape` is the model's sizes, FLOPs/token and tokens/step."""
-        # the records first: a record it cannot read is refused before any checkpoint is replaced
-        trim_metrics(self.out_dir / METRICS, self.checkpoints.history_kept(self.resume_from, state.step))
+        # wandb first, then the records: what can fail (no API key, no network, a record it cannot read) fails
+        # before any record or checkpoint is replaced
+        wandb_run = start_wandb(self.out_dir, LoggerConfig(**config["logger"]), config, state.wandb_run_id)
+        try:
+            trim_metrics(self.out_dir / METRICS, self.checkpoints.history_kept(self.resume_from, state.step))
+        except BaseException:
+            if wandb_run is not None:
+                wandb_run.finish(exit_code=1)
+            raise
+        self.logger = MetricsLogger(self.out_dir, wandb_run)
         self.checkpoints.start(self.resume_from, state.step)
         log_to_file(self.out_dir / "train.log")
         write_config(self.out_dir / "config.yaml", config)
-        logger_cfg = LoggerConfig(**config["logger"])
-        self.logger = MetricsLogger(self.out_dir, logger_cfg, config, run_id=state.wandb_run_id)
-        state.wandb_run_id = self.logger.run.id if self.logger.run is not None else state.wandb_run_id
+        state.wandb_run_id = wandb_run.id if wandb_run is not None else state.wandb_run_id
         write_run_info(self.out_dir, shape, config)
         self.tokens_per_step, self.flops_per_token = shape["tokens_per_step"], shape["flops_per_token"]
         self.peak, self.log_interval = peak_flops, config["log_interval"]

@@ -411,6 +411,22 @@ def test_a_record_that_cannot_be_read_is_refused_before_the_run_changes(corpus_a
     assert checksums(finished_run) == before
 
 
+def test_wandb_that_cannot_start_is_one_line_before_anything_is_replaced(corpus_args, finished_run, monkeypatch):
+    # Defect: no API key (or no network) was a hundred lines of traceback, after overwrite=true had deleted the
+    # finished run's checkpoints and emptied its metrics.
+    import wandb
+
+    def no_key(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", no_key)
+    before = checksums(finished_run)
+    overrides = [*corpus_args, f"out_dir={finished_run}", "overwrite=true", "logger=wandb", "logger.mode=online"]
+    with pytest.raises(ValueError, match=r"^wandb could not start its online run \(UsageError: No API key configured"):
+        run_train(overrides)
+    assert checksums(finished_run) == before
+
+
 def test_overwrite_starts_metrics_afresh(corpus_args, finished_run):
     # Defect: trim_metrics(path, 0) kept the old run's step-0 record and any record without a step.
     (finished_run / "metrics.jsonl").write_text('{"step": 0, "val/loss": 99.0}\n{"note": "old"}\n')

@@ -29,10 +29,10 @@ def test_each_job_of_a_sweep_logs_into_its_own_train_log_only(tmp_path):
 def test_an_offline_wandb_run_prints_one_line_saying_where_its_files_are(tmp_path, capfd, caplog):
     # Defect: wandb's banner, "Run history" sparklines and sync hints were 30 of the 78 lines a default
     # run printed, pushing the closing lines (where the run is, the next commands) off the screen.
-    from rundir.records import LoggerConfig, MetricsLogger
+    from rundir.records import LoggerConfig, MetricsLogger, start_wandb
 
     with caplog.at_level(logging.INFO, logger="rundir.records"):
-        logger = MetricsLogger(tmp_path, LoggerConfig(mode="offline"), {"seed": 1})
+        logger = MetricsLogger(tmp_path, start_wandb(tmp_path, LoggerConfig(mode="offline"), {"seed": 1}))
         logger.log({"train/loss": 1.0}, step=1)
         logger.close()
     out, err = capfd.readouterr()
@@ -40,3 +40,15 @@ def test_an_offline_wandb_run_prints_one_line_saying_where_its_files_are(tmp_pat
     [line] = [r.getMessage() for r in caplog.records if r.name == "rundir.records"]
     folder = next((tmp_path / "wandb").glob("offline-run-*"))
     assert line == f"wandb: offline run in {folder} (upload it with: wandb sync {folder})"
+
+
+def test_a_wandb_mode_wandb_does_not_know_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Defect: WANDB_MODE=bogus was "error: 1 validation error for Settings", naming neither the variable nor a mode
+    import pytest
+
+    from rundir.records import LoggerConfig, start_wandb
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(ValueError, match=r"^WANDB_MODE='bogus' is unknown to wandb; use one of: online, offline"):
+        start_wandb(tmp_path, LoggerConfig(mode="auto"), {})
+    assert list(tmp_path.iterdir()) == []
