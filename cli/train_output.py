@@ -464,7 +464,10 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
             "resume=auto continues a sweep in its own folder, and without hydra.sweep.dir this one gets a new "
             "dated folder with nothing in it: give hydra.sweep.dir=FOLDER (its sweep done: line names it)"
         )
-    if sweep and info.is_main:
+    # Hydra's own flags (--cfg job, --info: no job runs; -cd DIR: another config) are Hydra's to read, and the
+    # check read "--cfg" as an override ("token recognition error at: '-'")
+    flags = [arg for arg in args if arg.startswith("-") and arg not in multirun]
+    if sweep and info.is_main and not flags:
         check_every_job([arg for arg in args if arg not in multirun])  # before Hydra makes the sweep's folder
     argv = [program, *multirun, *(arg for arg in args if arg not in multirun)]
     if info.is_main:

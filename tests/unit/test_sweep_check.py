@@ -38,3 +38,14 @@ def test_a_recipe_sweeps_job_continued_with_hydra_mode_run_is_one_run():
 
     assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1"]) == "+experiment=ablate_heads_dk_cpu"
     assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1", "hydra.mode=RUN"]) is None
+
+
+@pytest.mark.parametrize("flags", [["--cfg", "job"], ["--info"], ["-cd", "/elsewhere"]])
+def test_hydras_own_flags_on_a_sweep_are_hydras_to_read(flags):
+    # Defect: `train.py +experiment=vaswani_a_cpu --cfg job` (and --info, -cd) was "error: token recognition
+    # error at: '-'": the check before the jobs read the flag as an override
+    from cli.train_output import hydra_argv
+    from training.distributed import DistInfo
+
+    argv = ["train.py", "+experiment=vaswani_a_cpu", *flags]
+    assert hydra_argv(argv, DistInfo()) == argv
