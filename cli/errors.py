@@ -51,3 +51,11 @@ def exit_with_error(e: BaseException | str, code: int = 1) -> NoReturn:
             Path(error_file).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
     sys.stderr.write(message + "\n")
     sys.exit(code)
+
+
+def replace_unencodable(stream: object) -> None:
+    """Characters the console's encoding lacks (PYTHONIOENCODING=ascii, a cp1252 terminal) shown as '?': a
+    sample holding one ended a finished run with exit 1, and sample.py with nothing usable. stderr already
+    escapes them (Python's backslashreplace)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # a stream that is not a text file's
+        stream.reconfigure(errors="replace")

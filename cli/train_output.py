@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from analysis.sweep import matches, planned_sweep
 from cli.config import CONFIG_DIR, hydra_value, shell_quote
+from cli.errors import replace_unencodable
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoint import read_header
@@ -40,6 +41,7 @@ class ConsoleStream:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
+        replace_unencodable(stream)
 
     def write(self, text: str) -> int:
         try:

@@ -31,7 +31,7 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.errors import exit_quietly_on_ctrl_c, exit_with_error
+from cli.errors import exit_quietly_on_ctrl_c, exit_with_error, replace_unencodable
 
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
     from cli.schema_help import FieldDoc, OneLineParser, show_default
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_with_error(e, 2)
     if sys.stdout is None:  # started with stdout closed (`>&-`): Python gives no stream to write to
         exit_with_error(OSError("stdout is closed; there is nowhere to write the sample"), 1)
+    replace_unencodable(sys.stdout)
     if note := prompt_slot_note(sys.argv[1:] if argv is None else argv, cfg):
         print(note, file=sys.stderr, flush=True)
     try:
