@@ -426,6 +426,13 @@ def checked_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     chosen += ["--equal-time-steps"] if args.equal_time_steps else []
     if len(chosen) > 1:  # each decides the steps its own way
         parser.error(f"{' and '.join(chosen)} each choose the steps; give one of them")
+    # each of these failed only after minutes of training (a traceback, and --json's rows lost)
+    if repeated := sorted({s for s in args.seeds if args.seeds.count(s) > 1}):
+        parser.error(f"--seeds gives {', '.join(map(str, repeated))} twice; give each seed once")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        parser.error(f"--json {str(args.json)!r} is not a file in an existing folder; give FILE.json")
+    if args.keep is not None and args.keep.exists() and not args.keep.is_dir():
+        parser.error(f"--keep {str(args.keep)!r} is a file; give a folder for the runs")
     return configs
 
 
@@ -455,14 +462,19 @@ def compare(args: argparse.Namespace, configs: dict[str, TrainConfig], steps_fro
             pool.submit(run_recipe, n, RECIPES[n] + args.overrides, length[n], s, Path(tmp) / f"{n}_{s}", threads)
             for n, s in jobs
         ]
-        for (name, seed), future in zip(jobs, futures, strict=True):
-            row = future.result()
-            rows.append(row)
-            print(
-                f"  {name} seed {seed}: {row['val_bpb']:.4f} bits/byte ({row['val_loss']:.4f} nats/token), "
-                f"{row['steps']} steps, {row['wall_s']:.0f} s",
-                flush=True,
-            )
+        try:
+            for (name, seed), future in zip(jobs, futures, strict=True):
+                row = future.result()
+                rows.append(row)
+                print(
+                    f"  {name} seed {seed}: {row['val_bpb']:.4f} bits/byte ({row['val_loss']:.4f} nats/token), "
+                    f"{row['steps']} steps, {row['wall_s']:.0f} s",
+                    flush=True,
+                )
+        except KeyboardInterrupt:  # the queued runs went on training at full budget, then a traceback
+            pool.shutdown(wait=True, cancel_futures=True)  # the runs under way had the Ctrl-C too (one group)
+            print("interrupted: the runs under way stopped, the queued ones never started", file=sys.stderr)
+            sys.exit(130)
     print_table(rows, args.reference)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

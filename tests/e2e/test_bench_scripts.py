@@ -261,6 +261,10 @@ def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
         (["--score", "RUN", "--classical"], "--classical has no effect with --score"),
         (["--score", "RUN", "--", "model.block_size=128"], "overrides (model.block_size=128) do not apply"),
         (["--classical", "--recipes", "default"], "--recipes has no effect with --classical"),
+        # Defect: each of these failed with a traceback after the runs had trained (--json's rows lost)
+        (["--seeds", "1", "1"], "--seeds gives 1 twice; give each seed once"),
+        (["--json", "tests"], "--json 'tests' is not a file in an existing folder; give FILE.json"),
+        (["--keep", "README.md"], "--keep 'README.md' is a file; give a folder for the runs"),
     ],
 )
 def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, message):
@@ -360,6 +364,32 @@ def test_bench_step_pair_times_both_in_alternating_rounds_and_prints_one_ratio(t
         ).groups(),
     )
     assert 0 < low <= ratio <= high
+
+
+def test_ctrl_c_stops_the_comparison_and_starts_no_queued_run(monkeypatch, capsys):
+    # Defect: the queued recipes went on training at their full budgets after a Ctrl-C, then a traceback
+    import argparse
+
+    from bench import bench_quality
+
+    started = []
+
+    def run_recipe(name, *args):
+        started.append(name)
+        raise KeyboardInterrupt  # the run under way had the Ctrl-C too
+
+    monkeypatch.setattr(bench_quality, "run_recipe", run_recipe)
+    monkeypatch.setattr(bench_quality, "baselines", lambda data_cfg: {})
+    monkeypatch.setattr(bench_quality, "print_baselines", lambda rows: None)
+    args = argparse.Namespace(
+        recipes=["default", "tied"], seeds=[1, 2], budget=60.0, equal_time_steps=False, time_only=None,
+        steps_from=None, jobs=1, keep=None, overrides=[], reference="default", json=None,
+    )  # fmt: skip
+    configs = {name: bench_quality.load_config(bench_quality.RECIPES[name]) for name in args.recipes}
+    with pytest.raises(SystemExit) as stopped:
+        bench_quality.compare(args, configs, None)
+    assert stopped.value.code == 130 and started == ["default"]
+    assert capsys.readouterr().err.endswith("interrupted: the runs under way stopped, the queued ones never started\n")
 
 
 def test_a_budget_that_buys_a_recipe_no_step_is_refused_not_written_as_negative_steps(monkeypatch, capsys):
