@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from analysis.trained import Trained
+from analysis.trained import Trained, check_data_tokenizer
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
@@ -54,13 +54,7 @@ def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple[
             "give --text FILE to measure on a text of your own"
         ) from None
     data = prepare(data_cfg, progress=False)
-    prepared = data.tokenizer_meta
-    if prepared != trained.meta["tokenizer"]:  # both read from JSON: the rule rundir/run.py applies
-        # the same ids would mean other tokens: the numbers would be wrong, not an error
-        raise ValueError(
-            f"the checkpoint's tokenizer differs from the one its data config prepares ({prepared['name']}, "
-            f"{data.vocab_size} ids); give --text FILE to measure on a text of your own"
-        )
+    check_data_tokenizer(trained.meta["tokenizer"], data, "give --text FILE to measure on a text of your own")
     # capped at the split: windows are drawn with replacement, so more would repeat its tokens (and a typo's
     # 10^12 built batches until memory ran out)
     num_batches = max(1, math.ceil(min(tokens, len(data.val)) / (BATCH_SIZE * block_size)))

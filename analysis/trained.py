@@ -3,7 +3,7 @@ scoring): what a user means by a checkpoint, and the model and tokenizer rebuilt
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,6 +11,9 @@ from data.tokenizer import Tokenizer, tokenizer_from_meta
 from model import GPT, GPTConfig
 from rundir.checkpoint import Checkpoint, load_checkpoint, load_model_weights
 from rundir.checkpoints import find_checkpoint
+
+if TYPE_CHECKING:
+    from data.batches import PreparedData
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, Checkpoint]:
@@ -58,3 +61,13 @@ def load_trained(source: str | Path, device: torch.device | str = "cpu", cache_d
     except ValueError as e:
         raise ValueError(f"checkpoint {str(path)!r}: {e}") from None
     return Trained(model, tokenizer, path, ckpt.meta)
+
+
+def check_data_tokenizer(tokenizer_meta: dict, data: "PreparedData", advice: str) -> None:
+    """The data a checkpoint's header names must come with the checkpoint's own tokenizer (both read from JSON:
+    the rule resume applies): else the same ids mean other tokens, and the numbers are wrong, not an error."""
+    if data.tokenizer_meta != tokenizer_meta:
+        raise ValueError(
+            f"the checkpoint's tokenizer differs from the one its data config prepares "
+            f"({data.tokenizer_meta['name']}, {data.vocab_size} ids); {advice}"
+        )

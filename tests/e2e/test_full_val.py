@@ -79,3 +79,19 @@ def test_full_val_rows_are_every_held_out_token_and_the_scores_are_kept(sweep, t
     with pytest.raises(AssertionError, match=r"lr1e-2_s1.*was scored again"):
         write_report(sweep, tmp_path / "stale", full_val=True)
     assert all(math.isfinite(v) for v in row_losses(full))
+
+
+def test_a_checkpoint_whose_tokenizer_is_not_its_datas_is_refused_not_scored(tiny_run_overrides, tmp_path):
+    # Defect: an exported-and-imported checkpoint keeps its tokenizer but names the default split: it was scored
+    # on that split's text through that split's tokenizer (3.95 bits/byte where its own run read 3.83)
+    from rundir.checkpoint import load_checkpoint, save_checkpoint
+
+    run = tmp_path / "run"
+    run_train([*tiny_run_overrides, f"out_dir={run}", "max_steps=2", "sample_tokens=0"])
+    model, _ = load_model(run / "checkpoints" / "best.safetensors")
+    meta = load_checkpoint(run / "checkpoints" / "best.safetensors").meta
+    other_chars = sorted({*meta["tokenizer"]["chars"], "é"} - {"e"})  # another vocabulary of the same size
+    meta["tokenizer"] = {**meta["tokenizer"], "chars": "".join(other_chars)}
+    other = save_checkpoint(tmp_path / "imported.safetensors", model, None, meta)
+    with pytest.raises(ValueError, match=r"^the checkpoint's tokenizer differs from the one its data config prepares"):
+        analysis.full_val.score_checkpoint(other)
