@@ -281,12 +281,22 @@ def print_table(rows: list[dict], reference: str) -> None:
             print(f"{name} - {reference}: {fmt_interval(diff, signed=True)} bits/byte (paired by seed)")
 
 
-def read_steps(path: Path, recipes: list[str], parser: argparse.ArgumentParser) -> dict[str, int]:
-    """The step counts a --time-only run wrote, for `recipes`; each must have been timed with the same overrides."""
+def read_steps(path: Path, args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, int]:
+    """The step counts a --time-only run wrote, for the recipes: each must have been timed with the same recipe,
+    the same overrides after -- and the same --budget (a 60 s file trained a "300 s" table's runs)."""
+    recipes = args.recipes
     try:
-        timed = json.loads(path.read_text())["recipes"]
+        timing = json.loads(path.read_text())
+        timed = timing["recipes"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"--steps-from {path}: not a --time-only file ({type(e).__name__}: {e})")
+    if (budget := timing.get("budget")) != args.budget:
+        shown = f"{budget:g}" if isinstance(budget, (int, float)) else repr(budget)
+        parser.error(f"--steps-from {path} was timed for --budget {shown}, not {args.budget:g}")
+    if timing.get("overrides", []) != args.overrides:
+        parser.error(
+            f"--steps-from {path} was timed with the overrides {timing.get('overrides', [])}, not {args.overrides}"
+        )
     for name in recipes:
         if name not in timed or timed[name].get("overrides") != RECIPES[name]:
             parser.error(f"--steps-from {path}: recipe {name!r} was not timed there with the overrides {RECIPES[name]}")
@@ -399,7 +409,7 @@ def main() -> None:
             exit_with_error(e)
     else:
         configs = checked_configs(parser, args)
-        steps_from = read_steps(args.steps_from, args.recipes, parser) if args.steps_from else None
+        steps_from = read_steps(args.steps_from, args, parser) if args.steps_from else None
         compare(args, configs, steps_from)
 
 
@@ -488,6 +498,7 @@ def run_lengths(args: argparse.Namespace, cpu: str, steps_from: dict[str, int] |
     if args.equal_time_steps or args.time_only:
         speeds = seconds_per_step(args.recipes, args.overrides)
         timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
+        timing["overrides"] = args.overrides  # --steps-from trains them only with the same
         timed_on = torch.get_num_threads()
         for name, (seconds, compile_s) in speeds.items():
             steps = int((args.budget - STARTUP_S - compile_s) / seconds)  # the budget pays for the compilation

@@ -118,6 +118,10 @@ def test_bench_quality_times_quietly_once_then_trains_the_steps_it_wrote(tiny_ru
     assert ran == steps and "ms/step" not in trained.stdout  # no second timing: the written steps, as they were
     assert "wide - default: " in trained.stdout
 
+    # Defect: a file timed for another budget (or other overrides) trained a table that named this one's
+    longer = bench("--recipes", "default", "--steps-from", str(timing), "--budget", "60")
+    assert longer.returncode == 2 and f"--steps-from {timing} was timed for --budget 21, not 60" in longer.stderr
+
     untimed = bench("--recipes", "default", "batch_6", "--steps-from", str(timing))
     assert untimed.returncode == 2 and "recipe 'batch_6' was not timed there" in untimed.stderr
     assert len(untimed.stderr.strip().splitlines()) == 1
