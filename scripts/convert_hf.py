@@ -320,6 +320,13 @@ def import_hf(hf_dir: str | Path, checkpoint: str | Path, force: bool = False) -
     require_transformers()
     model = from_hf_gpt2(load_hf_gpt2(hf_dir, shapes))
     tokenizer = read_own_tokenizer(hf_dir) or GPT2_TOKENIZER_META  # our own exports come back as they left
+    if tokenizer is GPT2_TOKENIZER_META and model.config.vocab_size != GPT2_VOCAB_SIZE:
+        # GPT-2's 50,257 ids read a model of another vocabulary as other tokens: sampling printed garbage
+        raise ValueError(
+            f"{str(hf_dir)!r} holds no tokenizer this import reads (an attnlab export's tokenizer.json) and its "
+            f"model has {model.config.vocab_size} ids, not GPT-2's {GPT2_VOCAB_SIZE}: its ids cannot be read as "
+            "GPT-2's; put back the tokenizer.json it was exported with"
+        )
     meta = {
         "step": 0,
         "config": {"model": asdict(model.config), "data": asdict(DataConfig(tokenizer=tokenizer["name"]))},

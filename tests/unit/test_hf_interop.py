@@ -249,9 +249,14 @@ def test_convert_script_exports_and_imports_checkpoints(tmp_path, monkeypatch):
     assert back.meta["tokenizer"] == tok.to_meta(), "our own char export comes back with its vocabulary"
     assert back.meta["config"]["data"]["tokenizer"] == "char"
 
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # a GPT-2 directory of someone else's
+    for name in ("tokenizer.json", "tokenizer_config.json"):
         (hf_dir / name).unlink()
-    _, path = import_hf(hf_dir, tmp_path / "gpt2.safetensors")
+    # Defect: a model of 97 ids without its tokenizer was read through GPT-2's 50,257 (sampling printed garbage)
+    with pytest.raises(ValueError, match=r"holds no tokenizer this import reads .* its model has 97 ids, not GPT-2's"):
+        import_hf(hf_dir, tmp_path / "gpt2.safetensors")
+    gpt2_sized = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(gpt2_sized).save_pretrained(tmp_path / "theirs")  # someone else's GPT-2 directory
+    _, path = import_hf(tmp_path / "theirs", tmp_path / "gpt2.safetensors")
     back = load_model(path)[1]
     assert back.meta["config"]["data"]["tokenizer"] == "gpt2"
     # the header names the tokenizer the way the data package reads it back
