@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from analysis.attention import token_text
-from analysis.trained import load_trained
+from analysis.trained import find_checkpoint, load_trained
 from data import Tokenizer
 from generation.generate import decode_threads, encode_prompt, torch_threads
 from model import GPT
@@ -72,7 +72,8 @@ class LabSession:
     def load(self, source: str | Path) -> None:
         """Load a checkpoint or run directory under `root`; on any error the previous model stays."""
         source = self.inside_root(source)
-        trained = load_trained(source, self.device)
+        # the file a run directory means (its best.safetensors) too: a symlink there to a file outside was loaded
+        trained = load_trained(self.inside_root(find_checkpoint(source)), self.device)
         with self.lock:
             self.model: GPT = trained.model
             self.tokenizer: Tokenizer = trained.tokenizer

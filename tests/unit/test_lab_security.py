@@ -139,6 +139,16 @@ def test_runs_and_checkpoints_outside_the_root_are_refused_naming_the_root(url, 
     assert post(url, "/api/load", {"path": str(root / "run")})[0] == 200
 
 
+def test_a_runs_checkpoint_that_links_outside_the_root_is_refused(url, root):
+    # Defect: the run folder was inside the root, so its best.safetensors, a symlink to a file outside, was loaded
+    run = root / "linked_run"
+    (run / "checkpoints").mkdir(parents=True)
+    outside = root.parent / "elsewhere" / "run" / "checkpoints" / "step_0000007.safetensors"
+    (run / "checkpoints" / "best.safetensors").symlink_to(outside)
+    status, body = post(url, "/api/load", {"path": str(run)})
+    assert status == 400 and "best.safetensors' is outside" in json.loads(body)["error"], body
+
+
 def test_a_run_outside_an_explicit_root_is_refused_at_start(root):
     with pytest.raises(ValueError, match=r"^'.*elsewhere/run' is outside '.*/root', the folder this lab opens"):
         LabSession(root.parent / "elsewhere" / "run", root=root)
