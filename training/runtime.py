@@ -140,7 +140,7 @@ def compile_or_eager(model: nn.Module, trial_step: Callable[[nn.Module], None]) 
     try:
         compiled = compile_trusting_the_cpu(model, trial_step)
     except Exception as e:  # any compiler failure: the eager model is always a correct answer
-        log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e)[:300])
+        log.warning("torch.compile failed (%s); training in eager mode", first_line(e))
         compiled = model
     finally:
         model.zero_grad(set_to_none=True)
@@ -148,6 +148,20 @@ def compile_or_eager(model: nn.Module, trial_step: Callable[[nn.Module], None]) 
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     return compiled
+
+
+def first_line(e: BaseException) -> str:
+    """An error as one line: inductor's run to pages with advice, and a cut at 300 characters split them mid-line
+    over a warning's several lines; a PermissionError (a read-only TORCHINDUCTOR_CACHE_DIR) names its file."""
+    inner = inner_error(e)
+    line = (str(inner).strip().splitlines() or [""])[0]
+    return f"{type(inner).__name__}: {line[:300]}"
+
+
+def inner_error(e: BaseException) -> BaseException:
+    """The error inductor wrapped (its InductorError keeps it as inner_exception), else `e`."""
+    inner = getattr(e, "inner_exception", None)
+    return inner if isinstance(inner, BaseException) else e
 
 
 def compile_trusting_the_cpu(model: nn.Module, trial_step: Callable[[nn.Module], None]) -> nn.Module:
@@ -169,9 +183,9 @@ def compile_trusting_the_cpu(model: nn.Module, trial_step: Callable[[nn.Module],
         trial_step(compiled)
         return compiled
     except Exception as e:
-        if not trusting:
+        if not trusting or isinstance(inner_error(e), PermissionError):  # its cache folder: no ISA check helps
             raise
-        log.info("compiling again with inductor's vector ISA checks (%s: %s)", type(e).__name__, str(e)[:200])
+        log.info("compiling again with inductor's vector ISA checks (%s)", first_line(e))
         inductor.cpp.vec_isa_ok = None
         cpu_vec_isa.valid_vec_isa_list.cache_clear()
         torch._dynamo.reset()

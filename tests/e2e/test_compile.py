@@ -79,3 +79,28 @@ def test_an_isa_choice_the_user_made_is_kept(monkeypatch):
     with inductor.patch({"cpp.vec_isa_ok": False}):  # TORCHINDUCTOR_VEC_ISA_OK=0: no vector ISA at all
         assert compile_or_eager(model, lambda m: tried.append(inductor.cpp.vec_isa_ok)) is model
         assert tried == [False] and inductor.cpp.vec_isa_ok is False
+
+
+def test_a_cache_folder_inductor_cannot_write_is_one_line_and_not_compiled_twice(monkeypatch, caplog):
+    # Defect: a read-only TORCHINDUCTOR_CACHE_DIR compiled twice (the second time with the ISA checks, which
+    # cannot help) and each warning ran over several lines, cut mid-sentence
+    from torch._inductor.exc import InductorError
+
+    calls = []
+
+    def read_only_cache(model, *args, **kwargs):
+        def fail(*a, **k):
+            calls.append(1)
+            denied = PermissionError(13, "Permission denied", "/cache/5m")
+            raise InductorError(denied, None)
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", read_only_cache)
+    model, batch = tiny_model(), torch.randint(0, 32, (2, 16))
+    with caplog.at_level(logging.INFO):
+        assert compile_or_eager(model, trial(batch)) is model
+    assert len(calls) == 1
+    expected = "torch.compile failed (PermissionError: [Errno 13] Permission denied: '/cache/5m'); training in eager"
+    expected += " mode"
+    assert [r.getMessage() for r in caplog.records if "compil" in r.getMessage()] == [expected]
