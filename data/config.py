@@ -26,7 +26,7 @@ class DataConfig:
     files: list[str] = field(default_factory=list)  # source=files: paths or globs, one document per file
     val_fraction: float = 0.1
     split_seed: int = 1337
-    cache_dir: str = ""  # "" -> $ATTNLAB_CACHE or ~/.cache/attnlab
+    cache_dir: str = ""  # "" -> $ATTNLAB_CACHE, $XDG_CACHE_HOME/attnlab or ~/.cache/attnlab
 
     @property
     def segments_with_dropout(self) -> bool:
@@ -67,9 +67,12 @@ class DataConfig:
 
 
 def resolve_cache_dir(cache_dir: str | Path = "") -> Path:
-    """The cache root: `cache_dir` if given, else $ATTNLAB_CACHE, else ~/.cache/attnlab."""
+    """The cache root: `cache_dir` if given, else $ATTNLAB_CACHE, else $XDG_CACHE_HOME/attnlab (where torch, pip
+    and datasets put theirs), else ~/.cache/attnlab."""
     if str(cache_dir):
         return Path(cache_dir).expanduser()
     if os.environ.get("ATTNLAB_CACHE"):
         return Path(os.environ["ATTNLAB_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "attnlab"
     return Path.home() / ".cache" / "attnlab"

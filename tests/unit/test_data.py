@@ -70,6 +70,9 @@ def test_cache_dir_resolution(monkeypatch, tmp_path):
     assert resolve_cache_dir("") == tmp_path / "env"
     assert resolve_cache_dir(tmp_path / "given") == tmp_path / "given"
     monkeypatch.delenv("ATTNLAB_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # it was ignored: a read-only home was refused
+    assert resolve_cache_dir("") == tmp_path / "xdg" / "attnlab"
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert resolve_cache_dir("") == Path.home() / ".cache" / "attnlab"
 
 
