@@ -65,10 +65,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    trainers = {}
-    for name, overrides in VARIANTS.items():
+    configs = {}
+    for name, overrides in VARIANTS.items():  # every variant checked before any is built (--d-model 30: a traceback)
         cfg = TrainConfig(out_dir="unused", batch_size=args.batch_size, seed=0)
         cfg.model = GPTConfig(block_size=args.block_size, d_model=args.d_model, **overrides)
+        try:
+            cfg.validate()
+        except ValueError as e:
+            parser.error(f"variant {name}: {e}")
+        configs[name] = cfg
+    trainers = {}
+    for name, cfg in configs.items():
         data = prepare(cfg.data, progress=False)
         trainers[name] = Trainer(cfg, data, resolve_device(cfg.device))
     any_trainer = next(iter(trainers.values()))

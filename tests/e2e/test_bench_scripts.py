@@ -287,6 +287,7 @@ def test_bench_quality_refuses_a_bad_value_in_one_line_before_training(args, mes
         (["bench/bench_peak.py", "--device", "nowhere"], "error: device='nowhere' is invalid"),
         (["bench/bench_attention.py", "--tokens", "0"], "error: argument --tokens: 0 is invalid"),
         (["bench/bench_variants.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
+        (["bench/bench_variants.py", "--d-model", "30"], "error: variant learned (GPT-2): model.d_model (30) must be"),
         (["bench/bench_memory_policy.py", "--rounds", "0"], "error: argument --rounds: 0 is invalid"),
         (["bench/bench_memory_policy.py", "--", "model.n_head=3"], "error: model.d_model (128) must be divisible"),
         (["bench/profile_step.py", "--steps", "0"], "error: argument --steps: 0 is invalid"),
