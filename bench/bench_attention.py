@@ -25,6 +25,7 @@ from cli.schema_help import OneLineParser, at_least
 from model.attention import MATERIALIZED_MAX_KEYS, scaled_dot_product_attention
 from model.causal_mask import build_causal_mask
 from model.materialized_attention import causal_materialized_attention
+from training.runtime import device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -56,7 +57,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=at_least(1), default=7)
     args = parser.parse_args()
     print(
-        f"attnlab bench_attention: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, "
+        f"attnlab bench_attention: {time.strftime('%Y-%m-%d')}, {device_name(torch.device('cpu'))}, "
+        f"torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {args.tokens} tokens, {args.heads} heads of {args.head_dim}; "
         f"auto takes the materialized kernel for training on a CPU up to {MATERIALIZED_MAX_KEYS} keys"
     )

@@ -194,6 +194,7 @@ def main() -> None:
 
     model, hf = make_model(args.vocab), make_hf_model(args.vocab)
     print(
+        f"attnlab bench_generate: {time.strftime('%Y-%m-%d')}, {device_name(torch.device('cpu'))}; "
         f"model: 4 layers, d_model 256, 4 heads, block_size {BLOCK_SIZE}, vocab {args.vocab}, "
         f"{model.num_params() / 1e6:.1f}M params, fp32, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )

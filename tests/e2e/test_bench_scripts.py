@@ -27,6 +27,7 @@ def test_bench_attention_prints_a_row_per_dtype_and_length():
         check=True,
     ).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith(("fp32", "bf16"))]
+    assert f", {device_name(torch.device('cpu'))}, torch " in out.splitlines()[0]  # the machine, as every bench
     assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [
         ("fp32", 8, 8),
         ("fp32", 32, 2),
