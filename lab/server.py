@@ -156,6 +156,9 @@ class LabHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, payload: dict) -> None:
         self.send_bytes(status, strict_json(payload).encode(), "application/json")
 
+    def do_HEAD(self) -> None:  # a GET's headers alone (send_bytes leaves the body out); it was a 501
+        self.do_GET()
+
     def do_GET(self) -> None:
         if self.take_body() is None or self.refused():
             return

@@ -14,6 +14,7 @@ import logging
 import math
 import netrc
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -164,9 +165,19 @@ class RunLogHandler(logging.FileHandler):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, encoding="utf-8", delay=True)
+        self.failed = False
 
     def _open(self) -> TextIO:
         return open_for_append(Path(self.baseFilename))
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """One line, once, where logging printed its '--- Logging error ---' traceback for every record (35 lines
+        on a full disk before the run's own error); the console still shows each record."""
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            reason = getattr(error, "strerror", None) or error
+            sys.stderr.write(f"warning: {self.baseFilename} cannot be written ({reason}); it stops here\n")
 
 
 def log_to_file(path: Path) -> None:

@@ -52,3 +52,18 @@ def test_a_wandb_mode_wandb_does_not_know_is_one_line_naming_it(tmp_path, monkey
     with pytest.raises(ValueError, match=r"^WANDB_MODE='bogus' is unknown to wandb; use one of: online, offline"):
         start_wandb(tmp_path, LoggerConfig(mode="auto"), {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_train_log_that_cannot_be_written_is_one_warning_line_not_a_traceback_per_record(tmp_path, capsys):
+    # Defect: on a full disk logging printed '--- Logging error ---' and a traceback for every record
+    from rundir.records import RunLogHandler
+
+    handler = RunLogHandler(tmp_path / "train.log")
+    for n in range(3):
+        try:
+            raise OSError(28, "No space left on device")  # what the handler's write raised
+        except OSError:
+            handler.handleError(logging.makeLogRecord({"msg": f"line {n}"}))  # as logging calls it there
+    handler.close()
+    err = capsys.readouterr().err
+    assert err == f"warning: {tmp_path / 'train.log'} cannot be written (No space left on device); it stops here\n"
