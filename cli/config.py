@@ -93,7 +93,14 @@ def composition_error(e: Exception) -> str:
         hint = f"; put the value in Hydra's quotes: {shell_quote(f'{key}={hydra_value(value)}')}" if quotable else ""
         return f"cannot parse override {e.override!r}: {lines[0]}{hint}"
     if isinstance(cause, OmegaConfBaseException):  # a value of the wrong type: the override, then why
-        return f"{lines[0].removeprefix('Error merging override ')}: {str(cause).splitlines()[0]}"
+        override = lines[0].removeprefix("Error merging override ")
+        why = str(cause).splitlines()[0]
+        key, _, value = override.partition("=")
+        if "is not a valid bool" in why:
+            why += "; give true or false"
+        elif "is not a ListConfig, list or tuple" in why:  # data.files=/my/file.txt
+            why = f"{why.rstrip('.')}; give a list: {shell_quote(f'{key}=[{value}]')}"
+        return f"{override}: {why}"
     if len(lines) > 2 and lines[1].startswith("Available options"):  # an unknown group option
         return f"{lines[0]}; {lines[1].lower()} {', '.join(group_options(str(e)))}"
     return " ".join(lines)

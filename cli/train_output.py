@@ -445,6 +445,11 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     They log through train.py's own handler only: a Hydra one beside it would print each warning twice.
     `out_dir=` with `-m` is refused: Hydra gives each job its own folder, so it would be dropped unsaid."""
     program, *args = argv
+    for arg in args:  # Hydra's own answer was "Config group override must be a string or a list. Got NoneType"
+        key, _, value = arg.partition("=")
+        if value == "null" and (CONFIG_DIR / key.lstrip("+")).is_dir():
+            options = sorted(p.stem for p in (CONFIG_DIR / key.lstrip("+")).glob("*.yaml"))
+            raise ValueError(f"{arg}: the config group {key.lstrip('+')} takes one of {', '.join(options)}, not null")
     multirun = [arg for arg in args if arg in ("-m", "--multirun")]
     sweep = "-m" if multirun else sweeping_recipe(args)
     if sweep and (given := [arg for arg in args if override_key(arg) == "out_dir"]):  # before any folder

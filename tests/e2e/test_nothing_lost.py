@@ -241,6 +241,13 @@ def test_the_newest_run_that_resume_auto_points_at_continues_as_pasted(corpus_ar
         ("optim.lr=1e308", r"optim.lr=1e\+308 is invalid; it must be a finite number > 0 and <= 1000"),
         ("optim.muon_lr=1e300", r"optim.muon_lr=1e\+300 is invalid; it must be a finite number > 0 and <= 1000"),
         ("device=meta", r"device='meta' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
+        # these named neither the key nor what it takes
+        ("compile=maybe", r"compile=maybe: Value 'maybe' is not a valid bool \(type str\); give true or false$"),
+        (
+            "data.files=/x.txt",
+            r"data.files=/x.txt: .* is not a ListConfig, list or tuple; give a list: 'data.files=\[/x.txt\]'$",
+        ),
+        ("model=null", r"^error: model=null: the config group model takes one of gpt2, .*small.*, not null$"),
     ],
 )
 def test_a_refused_command_leaves_no_directory_behind(corpus_args, tmp_path, override, message):
