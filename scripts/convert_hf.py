@@ -288,6 +288,11 @@ def load_hf_gpt2(hf_dir: Path, shapes: dict[str, tuple[int, ...]]) -> "GPT2LMHea
         config = None
     if not isinstance(config, dict):
         raise ValueError(f"{str(hf_dir)!r}: its config.json is not a JSON object")
+    if config.get("model_type", "gpt2") != "gpt2":  # a llama read as GPT-2 was "its weights hold 0 layers"
+        raise ValueError(
+            f"{str(hf_dir)!r}: its config.json is model_type {config['model_type']!r}; this import reads GPT-2 "
+            "models (model_type 'gpt2'), the architecture attnlab exports"
+        )
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:

@@ -478,13 +478,14 @@ def test_import_says_how_many_parameters_it_wrote_as_training_does(tmp_path, cap
     "config_json,named",
     [
         ("[1, 2]", r"config.json is not a JSON object"),
+        ('{"model_type": "llama"}', r"config.json is model_type 'llama'; this import reads GPT-2 models .*"),
         ('{"model_type": "gpt2", "n_embd": "wide"}', r"does not load as a GPT-2 model \(.*n_embd.*expected int.*\)"),
         (
             '{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4}',
             r"its weights do not fit its config.json: .+ has shape .+, the config gives .+",
         ),
     ],
-    ids=["not an object", "a field of the wrong type", "sizes the weights do not have"],
+    ids=["not an object", "another architecture", "a field of the wrong type", "sizes the weights do not have"],
 )
 def test_import_names_a_config_json_that_does_not_build_the_model_in_one_line(tmp_path, capsys, config_json, named):
     # each was a transformers traceback (TypeError, StrictDataclassFieldValidationError, RuntimeError)
