@@ -392,6 +392,8 @@ def help_text(config_dir: Path) -> str:
         "  python train.py model.n_head=8 model.d_k=16 budget_s=120",
         "  python train.py out_dir=runs/a resume=auto  # start, or continue, the run in runs/a",
         "  python train.py --cfg job                   # print the resolved config and exit",
+        "  python train.py --hydra-help                # Hydra's own flags, and tab completion for your shell:",
+        '  eval "$(python train.py -sc install=bash)"  # completes keys and options (model.n_h<TAB>)',
     ]
     return "\n".join(lines)
 
