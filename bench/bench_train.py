@@ -295,8 +295,9 @@ def loop_table(args: argparse.Namespace) -> None:
     r = run_worker(job)
     if r:
         each = ", ".join(f"{o:+.1%}" for o in r["overheads"])
+        config = f"overrides {' '.join(args.overrides)}" if args.overrides else "default config"
         print(
-            f"\nwhole train.py loop vs bare Trainer.step (default config, {job['rounds']} alternating rounds, "
+            f"\nwhole train.py loop vs bare Trainer.step ({config}, {job['rounds']} alternating rounds, "
             f"paired): loop overhead {statistics.median(r['overheads']):+.1%} (median; rounds {each})",
             flush=True,
         )
@@ -350,10 +351,11 @@ def main() -> None:
         f"attnlab bench_train: {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, device {device} "
         f"({device_name(device)}), {torch.get_num_threads()} threads"
     )
+    chosen = bool(args.dtypes)  # the note below explains only the machine's choice, not the user's
     args.dtypes = args.dtypes or (["fp32", "bf16"] if device.type == "cuda" or cpu_supports_bf16() else ["fp32"])
     peaks = {p: peak_flops(device, p, remeasure=True) for p in args.dtypes}  # fresh, in this run
     print("matmul peak: " + ", ".join(f"{p} {peak / 1e12:.3f} TFLOP/s" for p, peak in peaks.items()))
-    if "bf16" not in args.dtypes:
+    if "bf16" not in args.dtypes and not chosen:
         print(
             "(no bf16 rows: this CPU has no native bf16 matmul, so autocast would emulate it; "
             "--dtypes fp32 bf16 forces them)"
