@@ -98,6 +98,9 @@ class SamplingParams:
         return generator
 
 
+MAX_THREADS_PER_CORE = 8  # a --threads bound: far past any gain (one per core helps most), short of OpenMP's crash
+
+
 def check_int(name: str, value: object, low: int, high: int | None = None, rule: str = "") -> None:
     """Raise ValueError unless `value` is an int in [low, high]."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)

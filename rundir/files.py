@@ -45,7 +45,7 @@ def run_dir_itself(out_dir: Path) -> Path:
     works in it from its lock on: outputs/latest moves on with the next run, and a run that followed the
     link at every write wrote into the next run's directory and rotated its checkpoints away (so must a
     command printed for this run not follow it)."""
-    if not out_dir.is_symlink():
+    if not out_dir.is_symlink() or not out_dir.exists():  # a dangling link is refused as such, by the lock
         return out_dir
     target = out_dir.resolve()
     return target if out_dir.is_absolute() else Path(os.path.relpath(target))

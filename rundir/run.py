@@ -90,14 +90,14 @@ class Run:
         wandb_run = start_wandb(self.out_dir, LoggerConfig(**config["logger"]), config, state.wandb_run_id)
         try:
             trim_metrics(self.out_dir / METRICS, self.checkpoints.history_kept(self.resume_from, state.step))
+            self.checkpoints.start(self.resume_from, state.step)
+            log_to_file(self.out_dir / "train.log")
+            write_config(self.out_dir / "config.yaml", config)  # the first file written: a full disk stops here
         except BaseException:
             if wandb_run is not None:
                 wandb_run.finish(exit_code=1)
             raise
         self.logger = MetricsLogger(self.out_dir, wandb_run)
-        self.checkpoints.start(self.resume_from, state.step)
-        log_to_file(self.out_dir / "train.log")
-        write_config(self.out_dir / "config.yaml", config)
         state.wandb_run_id = wandb_run.id if wandb_run is not None else state.wandb_run_id
         write_run_info(self.out_dir, shape, config)
         self.tokens_per_step, self.flops_per_token = shape["tokens_per_step"], shape["flops_per_token"]

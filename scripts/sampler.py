@@ -14,6 +14,7 @@ from typing import TextIO
 from analysis.trained import load_trained
 from cli.schema_help import FieldDoc, schema_fields
 from generation.generate import (
+    MAX_THREADS_PER_CORE,
     SamplingParams,
     check_context_length,
     check_int,
@@ -50,9 +51,10 @@ class SampleConfig:
             raise ValueError("no checkpoint given; pass a checkpoint file or a run directory first")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
-        if self.threads is not None:  # more than the cores never helps, and 10^5 crashed in OpenMP
-            cores = os.cpu_count() or 1
-            check_int("threads", self.threads, 1, cores, f"it must be 1 to {cores}, this machine's cores (or none)")
+        if self.threads is not None:  # 10^5 crashed in OpenMP (a segfault, no message)
+            most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+            rule = f"it must be 1 to {most}, {MAX_THREADS_PER_CORE} per core (or none)"
+            check_int("threads", self.threads, 1, most, rule)
 
 
 def cli_fields() -> list[FieldDoc]:

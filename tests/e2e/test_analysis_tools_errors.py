@@ -67,7 +67,7 @@ def char_checkpoint(tmp_path: Path) -> Path:
     "args,message",
     [
         (["--device", "bogus"], r"device='bogus' is invalid; use auto, cpu, cuda, cuda:N or mps \(see --help\)$"),
-        (["--text", "bin.txt"], r"--text 'bin.txt' is not UTF-8 text \(byte 4\); give a UTF-8 text file$"),
+        (["--text", "bin.txt"], r"--text 'bin.txt' is not UTF-8 text \(byte 4\)$"),
         (["--tokens", "10"], r"--tokens 10 is less than one batch of 8 windows of block_size 16; give at least 128$"),
         (["--tokens", "10", "--text", "t.txt"], r"--tokens 10 is less than one window of block_size 16; give at least"),
     ],

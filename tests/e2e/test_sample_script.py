@@ -266,7 +266,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "x", "top_k=0"], "top_k=0 is invalid"),
         (["RUN", "x", "max_new_tokens=0"], "max_new_tokens=0 is invalid; it must be >= 1"),
         (["RUN", "x", "num_samples=0"], "num_samples=0 is invalid"),
-        (["RUN", "x", "--threads", "100000"], r"threads=100000 is invalid; it must be 1 to \d+, this machine's cores"),
+        (["RUN", "x", "--threads", "100000"], r"threads=100000 is invalid; it must be 1 to \d+, 8 per core"),
         (["RUN", "x", "seed=-1"], "seed=-1 is invalid"),
         (["RUN", "x", "seed=99999999999999999999"], "seed=99999999999999999999 is invalid"),
         (["RUN", "x", "--seed", "7.5"], "argument --seed: invalid int value: '7.5'"),

@@ -230,9 +230,12 @@ def test_import_refuses_a_model_larger_than_memory_before_building(tmp_path, cap
 
 def test_import_reads_weights_saved_without_the_transformer_prefix(tmp_path):
     # the hub's own gpt2 model.safetensors names its tensors h.0.attn.c_attn.weight, wte.weight, ...
+    import transformers
     from safetensors.torch import load_file, save_file
 
-    hf = random_hf()
+    torch.manual_seed(0)  # GPT-2's vocabulary: without a tokenizer of its own, the import reads it as GPT-2's
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    hf = transformers.GPT2LMHeadModel(config).eval()
     hf.save_pretrained(tmp_path / "hf")
     weights = load_file(tmp_path / "hf" / "model.safetensors")
     save_file({k.removeprefix("transformer."): v for k, v in weights.items()}, tmp_path / "hf" / "model.safetensors")

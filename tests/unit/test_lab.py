@@ -438,7 +438,7 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsy
         ("--device", "gpu"): "error: device='gpu' is invalid; use auto, cpu, cuda, cuda:N or mps (see --help)",
         # 10^5 threads crashed in OpenMP (segfault, no message)
         ("--threads", "100000"): f"error: argument --threads: 100000 is invalid; it must be an integer from 1 to "
-        f"{os.cpu_count()} (this machine's cores) (see --help)",
+        f"{8 * os.cpu_count()} (8 per core) (see --help)",
     }
     for args, message in bad.items():
         with pytest.raises(SystemExit) as exit_:
