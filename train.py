@@ -11,10 +11,11 @@ Examples:
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
-from cli.errors import exit_quietly_on_ctrl_c, exit_with_error
+from cli.errors import exit_quietly_on_ctrl_c, exit_with_error, stop_outside_the_loop
 
 with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     import hydra
@@ -106,6 +107,7 @@ if __name__ == "__main__":
         print(cli.help_text(Path(__file__).parent / "configs"))
         sys.exit(0)
     sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
+    signal.signal(signal.SIGTERM, stop_outside_the_loop)  # the loop's own StopSignals save a step first
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
     try:
         if job_file := os.environ.pop(JOB_FILE, None):  # one job of a sweep the parallel launcher runs

@@ -59,3 +59,12 @@ def replace_unencodable(stream: object) -> None:
     escapes them (Python's backslashreplace)."""
     with contextlib.suppress(AttributeError, ValueError, OSError):  # a stream that is not a text file's
         stream.reconfigure(errors="replace")
+
+
+def stop_outside_the_loop(signum: int, frame: object) -> NoReturn:
+    """SIGTERM before the training loop (preparing data, compiling) or after it: a one-line exit that unwinds
+    (a directory made for the run and a half-written data cache are removed on the way), where the default
+    handler ended the process silently and left both behind."""
+    print(f"stopped by {signal.Signals(signum).name} outside the training loop (in it, a stop saves a step first)",
+          file=sys.stderr)  # fmt: skip
+    raise SystemExit(128 + signum)

@@ -478,3 +478,24 @@ def test_a_discarded_lock_removes_only_a_lock_file_it_made_beside_nothing_new(tm
     (written / "config.yaml").write_text("x")
     lock.release(discard=True)
     assert sorted(p.name for p in written.iterdir()) == [".lock", "config.yaml"]
+
+
+def test_sigterm_before_the_loop_is_one_line_and_leaves_no_directory(corpus_args, tmp_path):
+    # Defect: SIGTERM while compiling (or preparing data) ended the process silently, rc 143, leaving out_dir with
+    # its .lock; the loop's own handler, which saves a step first, is installed only once training starts.
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), *corpus_args, "compile=true", f"out_dir={out}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # until it is compiling: set-up, before the loop
+        lines.append(line)
+        if line.startswith("compiling the step"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert (
+        rest.strip().splitlines()[-1]
+        == "stopped by SIGTERM outside the training loop (in it, a stop saves a step first)"
+    )
+    assert not out.exists()
