@@ -48,15 +48,22 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
         if tty:
             err.write("> ")
             err.flush()
-        line = stdin.readline()
-        if not line:
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt leaves, on a line of its own (the shell's prompt was glued on)
+            if tty:
+                err.write("\n")
+            raise
+        if not line:  # Ctrl-D, or the end of piped input
+            if tty:
+                err.write("\n")
             return cfg
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
         try:
             if line.startswith(":") and not line.startswith("::"):
-                name, _, value = line[1:].strip().partition(" ")
+                name, value = [*line[1:].split(None, 1), "", ""][:2]  # any whitespace: ':temp<TAB>0' was unknown
                 if name in ("q", "quit", "exit"):
                     return cfg
                 changed = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)

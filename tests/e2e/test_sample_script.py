@@ -624,3 +624,18 @@ def test_a_prompt_that_never_ends_is_refused_in_one_line(run_dir, capsys):
         "error: prompt_file '/dev/zero' holds more than 16 MiB (the model sees only its context's last tokens); "
         "give a shorter prompt\n"
     )
+
+
+def test_the_repl_takes_a_tab_in_a_command_and_leaves_a_terminal_on_a_new_line(run_dir, capsys, monkeypatch):
+    # Defects: ':temp<TAB>0' was "unknown command :temp\t0"; Ctrl-D at the prompt left the shell's prompt on the
+    # same line as '> '
+    code, out, err = cli(capsys, [str(run_dir), "-i"], stdin=":temp\t0\n:show\n", monkeypatch=monkeypatch)
+    assert code == 0 and "temperature=0.0" in out and err == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = io.StringIO()
+    repl(type("Loaded", (), {"path": "RUN"})(), SampleConfig(checkpoint="RUN"), Terminal(""), io.StringIO(), err)
+    assert err.getvalue().endswith("> \n")  # end of input at the prompt: the line is ended
