@@ -119,8 +119,9 @@ def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
 def attention(session: LabSession, body: dict) -> dict:
     idx = session.encode(text(body, "prompt"))
     layer = optional(body, "layer", integer, 0)
+    layer = 0 if layer is None else layer  # a cleared field is the first layer, and the answer says so (it said null)
     with session.lock:
-        weights, variant = attention_layer(session.model, idx, 0 if layer is None else layer)  # (H, T, T)
+        weights, variant = attention_layer(session.model, idx, layer)  # (H, T, T)
     return {
         "tokens": session.token_texts(idx),
         "labels": [token_label(t) for t in session.token_texts(idx)],

@@ -226,6 +226,12 @@ def test_an_emptied_max_tokens_field_is_named_as_empty_not_as_none():
             api.sampling_settings({"max_tokens": cleared})
 
 
+def test_a_cleared_layer_field_draws_the_first_layer_and_says_so(session):
+    # Defect: "layer": null or "" computed layer 0 but answered "layer": null, and the page read "layer null"
+    for cleared in (None, ""):
+        assert api.attention(session, {"prompt": "the", "layer": cleared})["layer"] == 0
+
+
 def test_the_attention_view_refuses_a_prompt_longer_than_a_map_draws(url, session, monkeypatch):
     # Defect: with the default's 4,096-token context a long prompt would have sent the page n_head x 4,096^2 float32
     # weights a layer (358 MB of base64); the view draws at most MAX_MAP_TOKENS (1,024), here made 8.
