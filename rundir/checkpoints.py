@@ -11,6 +11,7 @@
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,25 @@ class CheckpointDir:
         """The last step of this directory's records that the run continues: `step` when it resumes one of
         its checkpoints, else -1 (a fresh run, or a foreign checkpoint's, starts the records afresh)."""
         return step if resume_from is not None and self.holds(resume_from) else -1
+
+    def check_writable(self) -> None:
+        """Before anything of the run is replaced, what its first save needs: a checkpoints/ that is a folder it
+        may write, and a best.safetensors that is no folder. Each failed only at that save, after the run had
+        rewritten its records (a read-only checkpoints/ after 250 steps)."""
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"{self.directory} is not a folder; a run saves its checkpoints there: move it away")
+        if (self.directory / BEST).is_dir():
+            raise ValueError(f"{self.directory / BEST} is a folder; a run writes its best checkpoint there: move it")
+        if not self.directory.is_dir():
+            return  # made at the first save, beside the run's other files
+        probe = self.directory / f".probe.tmp-{os.getpid()}"  # the name start() removes, if a kill leaves it
+        try:
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            raise ValueError(
+                f"{self.directory} cannot be written ({e.strerror}); a run saves its checkpoints there"
+            ) from None
 
     def start(self, resume_from: Path | None, step: int) -> None:
         """Before the first step: drop temp files of killed saves and the owned checkpoints this run

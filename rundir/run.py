@@ -89,6 +89,7 @@ class Run:
         # before any record or checkpoint is replaced
         wandb_run = start_wandb(self.out_dir, LoggerConfig(**config["logger"]), config, state.wandb_run_id)
         try:
+            self.checkpoints.check_writable()
             trim_metrics(self.out_dir / METRICS, self.checkpoints.history_kept(self.resume_from, state.step))
             self.checkpoints.start(self.resume_from, state.step)
             log_to_file(self.out_dir / "train.log")

@@ -499,3 +499,34 @@ def test_sigterm_before_the_loop_is_one_line_and_leaves_no_directory(corpus_args
         == "stopped by SIGTERM outside the training loop (in it, a stop saves a step first)"
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["checkpoints is a file", "best is a folder", "checkpoints is read-only"])
+def test_what_the_first_save_needs_is_checked_before_the_run_changes_anything(
+    corpus_args, finished_run, monkeypatch, damage
+):
+    # Defect: each failed only at the first save, after the run had trained and rewritten its records (a finished
+    # run's summary.json deleted); root writes anywhere, so the read-only folder is simulated at its probe
+    checkpoints = finished_run / "checkpoints"
+    if damage == "checkpoints is a file":
+        shutil.rmtree(checkpoints)
+        checkpoints.write_text("not a folder")
+        options, message = ["overwrite=true"], r"checkpoints is not a folder; a run saves its checkpoints there"
+    elif damage == "best is a folder":
+        (checkpoints / "best.safetensors").unlink()
+        (checkpoints / "best.safetensors").mkdir()
+        options, message = ["resume=auto", "max_steps=20"], r"best.safetensors is a folder; a run writes its best"
+    else:
+        real_touch = Path.touch
+
+        def read_only(path, *args, **kwargs):
+            if path.parent == checkpoints:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_touch(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "touch", read_only)
+        options, message = ["resume=auto", "max_steps=20"], r"checkpoints cannot be written \(Permission denied\)"
+    before = checksums(finished_run)
+    with pytest.raises(ValueError, match=message):
+        run_train([*corpus_args, f"out_dir={finished_run}", *options])
+    assert checksums(finished_run) == before
