@@ -32,6 +32,7 @@ from training.config import TrainConfig
 from training.distributed import DistInfo
 
 OUTPUTS = Path("outputs")
+log = logging.getLogger(__name__)
 
 
 class ConsoleStream:
@@ -111,8 +112,13 @@ def newest_run(root: Path) -> Path | None:
 def point_latest(root: Path, run: Path) -> None:
     """`root/latest` -> `run`, replaced atomically (a symlink, relative, so the tree can move)."""
     link = Path(root) / "latest"
-    if link.exists() and not link.is_symlink():
-        return  # someone's own file or folder named latest: not ours to replace
+    if link.exists() and not link.is_symlink():  # someone's own file or folder named latest: not ours to replace
+        log.warning(
+            "%s is not the link train.py keeps (a %s of its own): left as it is",
+            link,
+            "folder" if link.is_dir() else "file",
+        )
+        return
     tmp = link.with_name(f".latest.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     os.symlink(os.path.relpath(run.resolve(), link.parent.resolve()), tmp)

@@ -45,6 +45,11 @@ def find_checkpoint(path: str | Path) -> Path:
     else its newest step checkpoint."""
     path = Path(path).expanduser()
     if not path.is_dir():
+        if path.is_symlink() and not path.exists():  # outputs/latest after its run was deleted or moved
+            raise FileNotFoundError(
+                f"{str(path)!r} is a symlink to {os.readlink(path)}, which is missing; give a checkpoint file or a run "
+                "directory"
+            )
         if not path.exists():
             raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")
         if not path.is_file():  # /dev/null, a pipe: it exists, and saying it did not misled

@@ -273,3 +273,27 @@ def test_safetensors_header_length_ending_in_0x80_is_not_taken_for_a_pickle():
     assert looks_like_pickle(pickle.dumps({"a": 1}, protocol=4)[:9])
     assert looks_like_pickle(pickle.dumps([1, 2], protocol=2)[:9])
     assert looks_like_pickle(b"PK\x03\x04rest")
+
+
+def test_a_dangling_latest_link_says_what_it_points_to(tmp_path):
+    # Defect: sample.py outputs/latest after its run was deleted said it "does not exist", with the link right there
+    from rundir.checkpoints import find_checkpoint
+
+    (tmp_path / "latest").symlink_to(tmp_path / "2026-12-06" / "gone")
+    with pytest.raises(FileNotFoundError, match=r"latest' is a symlink to .*gone, which is missing; give a checkpoint"):
+        find_checkpoint(tmp_path / "latest")
+
+
+
+def test_a_folder_of_ones_own_named_latest_is_left_and_said(tmp_path, caplog):
+    # Defect: a real folder outputs/latest was silently never updated; the README's `outputs/latest` then named it
+    import logging
+
+    from cli.train_output import point_latest
+
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "run").mkdir()
+    with caplog.at_level(logging.WARNING):
+        point_latest(tmp_path, tmp_path / "run")
+    assert (tmp_path / "latest").is_dir() and not (tmp_path / "latest").is_symlink()
+    assert "latest is not the link train.py keeps (a folder of its own): left as it is" in caplog.text
