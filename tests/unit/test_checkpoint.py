@@ -282,6 +282,10 @@ def test_a_dangling_latest_link_says_what_it_points_to(tmp_path):
     (tmp_path / "latest").symlink_to(tmp_path / "2026-12-06" / "gone")
     with pytest.raises(FileNotFoundError, match=r"latest' is a symlink to .*gone, which is missing; give a checkpoint"):
         find_checkpoint(tmp_path / "latest")
+    from rundir.records import read_metrics  # plot_run.py's: it said "is not a run directory"
+
+    with pytest.raises(FileNotFoundError, match=r"latest' is a symlink to .*gone, which is missing$"):
+        read_metrics(tmp_path / "latest")
 
 
 
