@@ -194,11 +194,6 @@ def sweep_jobs(params: list[str], task: list[str]) -> list[list[str]]:
     return [list(job) for job in BasicSweeper.split_arguments(parse_overrides([*params, *task]), None)[0]]
 
 
-def count_jobs(params: list[str], task: list[str]) -> int:
-    """How many jobs `sweep_jobs` gives."""
-    return len(sweep_jobs(params, task))
-
-
 def planned_sweep(sweeper: Mapping[str, Any], task: list[str]) -> list[list[str]] | None:
     """`sweep_jobs` of a composed hydra.sweeper section and the command line's overrides; None for a sweeper
     other than the basic one (optuna, ...), which chooses its jobs as it goes."""

@@ -288,7 +288,6 @@ def test_a_dangling_latest_link_says_what_it_points_to(tmp_path):
         read_metrics(tmp_path / "latest")
 
 
-
 def test_a_folder_of_ones_own_named_latest_is_left_and_said(tmp_path, caplog):
     # Defect: a real folder outputs/latest was silently never updated; the README's `outputs/latest` then named it
     import logging

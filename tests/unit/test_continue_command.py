@@ -205,14 +205,15 @@ def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
     # Defect: a sweep never said "job i of N" or how long the rest would take.
     from omegaconf import OmegaConf
 
-    from analysis.sweep import count_jobs
+    from analysis.sweep import sweep_jobs
     from cli import train_output
     from cli.train_output import SweepHint
 
-    assert count_jobs([], ["model.n_head=1,2,4", "seed=1337,1338", "+debug=tiny", "x=range(3)"]) == 18
+    assert len(sweep_jobs([], ["model.n_head=1,2,4", "seed=1337,1338", "+debug=tiny", "x=range(3)"])) == 18
     # Defect: a recipe sweeping model.n_head over 5 values and seeds over 5, run with model.n_head=1,2,8,16
     # on the command line, said "job 1 of 100"; Hydra runs 4 x 5 (the command line's values replace the recipe's).
-    assert count_jobs(["model.n_head=1,2,4,8,16", "seed=1,2,3,4,5"], ["+experiment=x", "model.n_head=1,2,8,16"]) == 20
+    recipe, line = ["model.n_head=1,2,4,8,16", "seed=1,2,3,4,5"], ["+experiment=x", "model.n_head=1,2,8,16"]
+    assert len(sweep_jobs(recipe, line)) == 20
     hint = SweepHint()
     start = OmegaConf.create(
         {
