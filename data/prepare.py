@@ -91,7 +91,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
 
     start = time.perf_counter()
     check_writable(cache_dir)
-    docs = load_documents(cfg)
+    docs = load_documents(cfg, progress)
     if docs.num_rows == 0:
         raise ValueError(f"data.source={cfg.source!r} gave no documents to prepare")
     # BPE learns its merges from the train split alone, so no merge is fitted to the val text it is

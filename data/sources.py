@@ -209,8 +209,21 @@ def _file_stamp(path: Path) -> list:
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
-def load_documents(cfg: DataConfig) -> "datasets.Dataset":
-    """The corpus as a Dataset with a single "text" column, one row per document."""
+def load_documents(cfg: DataConfig, progress: bool = True) -> "datasets.Dataset":
+    """The corpus as a Dataset with a single "text" column, one row per document; `progress` False keeps
+    datasets' own bars quiet too (its "Generating train split" bar ignored progress=false)."""
+    import datasets
+
+    if progress or datasets.are_progress_bars_disabled():
+        return _load_documents(cfg)
+    datasets.disable_progress_bars()
+    try:
+        return _load_documents(cfg)
+    finally:
+        datasets.enable_progress_bars()
+
+
+def _load_documents(cfg: DataConfig) -> "datasets.Dataset":
     cache_dir = resolve_cache_dir(cfg.cache_dir)
     hf_cache = str(cache_dir / "hf_datasets")
     if cfg.source == "shakespeare":

@@ -349,6 +349,16 @@ def test_bpe_learns_its_merges_from_the_train_split_alone(tmp_path):
     assert other.fingerprint != prepared.fingerprint and other.vocab_size == 270
 
 
+def test_progress_false_keeps_datasets_own_bars_quiet_too(tmp_path, capfd):
+    # Defect: data=files under progress=false still printed datasets' "Generating train split" bar
+    import datasets
+
+    write_docs(tmp_path / "docs", DOCS)
+    prepare(files_cfg(tmp_path), progress=False)
+    assert "Generating train split" not in capfd.readouterr().err
+    assert not datasets.are_progress_bars_disabled()  # as it was before, for whoever else uses datasets
+
+
 def test_second_prepare_reuses_the_cache(tmp_path, monkeypatch):
     write_docs(tmp_path / "docs", DOCS)
     first = prepare(files_cfg(tmp_path), progress=False)
