@@ -125,6 +125,11 @@ def shell_quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def config_options(group: Path) -> list[str]:
+    """A config group's options: the YAML files of its folder (configs/model/ -> gpt2, small, ...)."""
+    return sorted(f.stem for f in group.glob("*.yaml"))
+
+
 def group_options(message: str) -> list[str]:
     """The options Hydra lists, one indented line each, under "Available options" (its search path
     follows, indented the same way, under a heading of its own)."""

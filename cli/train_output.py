@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from analysis.sweep import matches, planned_sweep
-from cli.config import CONFIG_DIR, hydra_value, shell_quote
+from cli.config import CONFIG_DIR, config_options, hydra_value, shell_quote
 from cli.errors import replace_unencodable
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
@@ -388,7 +388,7 @@ def help_text(config_dir: Path) -> str:
         "usage: python train.py [GROUP=OPTION ...] [KEY=VALUE ...]   (Hydra overrides; -m sweeps comma lists)",
         "",
         "config groups (GROUP=OPTION; +GROUP=OPTION for experiment and debug):",
-        *[f"  {g.name:<12}{', '.join(sorted(f.stem for f in g.glob('*.yaml')))}" for g in groups],
+        *[f"  {g.name:<12}{', '.join(config_options(g))}" for g in groups],
         "",
         "keys (KEY=VALUE), with the default run's values (configs/config.yaml):",
         render_help(StudyRunConfig, defaults=default_run_values(config_dir)),
@@ -455,9 +455,10 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     program, *args = argv
     for arg in args:  # Hydra's own answer was "Config group override must be a string or a list. Got NoneType"
         key, _, value = arg.partition("=")
-        if value == "null" and (CONFIG_DIR / key.lstrip("+")).is_dir():
-            options = sorted(p.stem for p in (CONFIG_DIR / key.lstrip("+")).glob("*.yaml"))
-            raise ValueError(f"{arg}: the config group {key.lstrip('+')} takes one of {', '.join(options)}, not null")
+        group = CONFIG_DIR / key.lstrip("+")
+        if value == "null" and group.is_dir():
+            options = ", ".join(config_options(group))
+            raise ValueError(f"{arg}: the config group {group.name} takes one of {options}, not null")
     multirun = [arg for arg in args if arg in ("-m", "--multirun")]
     sweep = "-m" if multirun else sweeping_recipe(args)
     if sweep and (given := [arg for arg in args if override_key(arg) == "out_dir"]):  # before any folder
