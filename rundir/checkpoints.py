@@ -20,7 +20,16 @@ import torch
 from torch import nn
 
 from rundir.checkpoint import load_checkpoint, save_checkpoint
-from rundir.files import METRICS, NO_SPACE, NOT_A_RUN, RUN_INFO, SUMMARY, atomic_write_bytes, link_or_copy
+from rundir.files import (
+    METRICS,
+    NO_SPACE,
+    NOT_A_RUN,
+    RUN_INFO,
+    SUMMARY,
+    atomic_write_bytes,
+    link_or_copy,
+    missing_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +54,9 @@ def find_checkpoint(path: str | Path) -> Path:
     else its newest step checkpoint."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        if path.is_symlink() and not path.exists():  # outputs/latest after its run was deleted or moved
+        if target := missing_target(path):  # outputs/latest after its run was deleted or moved
             raise FileNotFoundError(
-                f"{str(path)!r} is a symlink to {os.readlink(path)}, which is missing; give a checkpoint file or a run "
-                "directory"
+                f"{str(path)!r} is a symlink to {target}, which is missing; give a checkpoint file or a run directory"
             )
         if not path.exists():
             raise FileNotFoundError(f"{str(path)!r} does not exist; give a checkpoint file or a run directory")

@@ -40,12 +40,17 @@ def file_above(path: Path) -> Path | None:
     return parent if parent is not None and not parent.is_dir() else None
 
 
+def missing_target(path: Path) -> str | None:
+    """Where `path` points, if it is a symlink to something missing (outputs/latest after its run went); else None."""
+    return os.readlink(path) if path.is_symlink() and not path.exists() else None
+
+
 def run_dir_itself(out_dir: Path) -> Path:
     """The directory a symlinked out_dir points to, relative where out_dir was; out_dir itself otherwise. A run
     works in it from its lock on: outputs/latest moves on with the next run, and a run that followed the
     link at every write wrote into the next run's directory and rotated its checkpoints away (so must a
     command printed for this run not follow it)."""
-    if not out_dir.is_symlink() or not out_dir.exists():  # a dangling link is refused as such, by the lock
+    if not out_dir.is_symlink() or missing_target(out_dir):  # a dangling link is refused as such, by the lock
         return out_dir
     target = out_dir.resolve()
     return target if out_dir.is_absolute() else Path(os.path.relpath(target))
@@ -123,9 +128,9 @@ class RunLock:
     def acquire(self) -> "RunLock":
         missing = [self.directory, *self.directory.parents]
         nearest = next(d for d in missing if d.exists() or d.is_symlink())
-        if nearest.is_symlink() and not nearest.exists():  # mkdir cannot make its target
+        if target := missing_target(nearest):  # mkdir cannot make its target
             where = "is a symlink" if nearest == self.directory else f"is under a symlink ({nearest})"
-            raise ValueError(f"out_dir={str(self.directory)!r} {where} to {os.readlink(nearest)}, which is missing")
+            raise ValueError(f"out_dir={str(self.directory)!r} {where} to {target}, which is missing")
         if not nearest.is_dir():
             where = "is a file" if nearest == self.directory else f"is under a file ({nearest})"
             raise ValueError(f"out_dir={str(self.directory)!r} {where}, not a directory")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above, open_for_append
+from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above, missing_target, open_for_append
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +235,8 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
     path = Path(run_dir) / METRICS
     if Path(run_dir).is_file():  # a checkpoint or a metrics file given for its run
         raise FileNotFoundError(f"{str(run_dir)!r} is a file; give the run directory that holds {METRICS}")
-    if Path(run_dir).is_symlink() and not Path(run_dir).exists():  # outputs/latest after its run went
-        raise FileNotFoundError(f"{str(run_dir)!r} is a symlink to {os.readlink(run_dir)}, which is missing")
+    if target := missing_target(Path(run_dir)):  # outputs/latest after its run went
+        raise FileNotFoundError(f"{str(run_dir)!r} is a symlink to {target}, which is missing")
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (it has no {METRICS})")
     try:
