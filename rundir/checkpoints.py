@@ -97,58 +97,69 @@ class CheckpointDir:
 
     def resume_path(self, resume: str | None, overwrite: bool) -> Path | None:
         """Which checkpoint to resume from, or None for a fresh run; refuses what would lose a file."""
-        if resume is None:
-            self.check_a_runs_or_empty()
-            if held := self._files_in_the_way(overwrite):
-                if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
-                    raise ValueError(
-                        f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
-                        "to continue; pass overwrite=true to replace them, or another out_dir"
-                    )
-                raise ValueError(
-                    f"{self.directory.parent} already holds another run's files ({held}); "
-                    "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
-                )
-            path, step = None, -1
-        elif resume == "auto" and self.latest() is None:  # e.g. a run killed before its first save
-            self.check_a_runs_or_empty()
-            if held := self._files_in_the_way(overwrite):
-                raise ValueError(
-                    f"resume=auto: {self.directory.parent} holds another run's files ({held}) but no checkpoint "
-                    "to continue from; pass overwrite=true to start afresh, or another out_dir"
-                )
+        newest = self.latest()
+        if resume is None or (resume == "auto" and newest is None):  # auto: e.g. killed before its first save
+            self.check_fresh_start(resume, overwrite)
             path, step = None, -1
         elif resume == "auto":
-            path = self.latest()
-            try:
-                load_checkpoint(path)
-            except ValueError as e:
-                raise ValueError(
-                    f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an "
-                    "older one, or give resume=PATH"
-                ) from None
-            step = checkpoint_step(path) or -1  # listed from this directory: its name is its step
+            path, step = newest, self.readable_step(newest)
         else:
-            path = Path(resume).expanduser()
-            if not path.is_file():
-                raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
-            load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
-            step = checkpoint_step(path) if self.holds(path) else None
-            step = -1 if step is None else step
-            # Resuming an older or a foreign checkpoint here would interleave two histories.
-            newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
-            if newer and not overwrite:
-                raise ValueError(
-                    f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
-                    "pass overwrite=true to replace them, or resume=auto for the newest"
-                )
-            if not self.holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
-                raise ValueError(
-                    f"{self.directory.parent} already holds another run's files ({held}), which {path.name} "
-                    "does not continue; pass overwrite=true to replace them, or another out_dir"
-                )
+            path, step = self.given_checkpoint(resume, overwrite)
         self.adopt(keep_up_to=step)
         return path
+
+    def check_fresh_start(self, resume: str | None, overwrite: bool) -> None:
+        """A run that starts at step 0 here replaces no other run's files unless told to (overwrite=true)."""
+        self.check_a_runs_or_empty()
+        if not (held := self._files_in_the_way(overwrite)):
+            return
+        if resume == "auto":
+            raise ValueError(
+                f"resume=auto: {self.directory.parent} holds another run's files ({held}) but no checkpoint "
+                "to continue from; pass overwrite=true to start afresh, or another out_dir"
+            )
+        if self.latest() is None:  # e.g. a run killed before its first save: resume=auto is refused too
+            raise ValueError(
+                f"{self.directory.parent} already holds another run's files ({held}), with no checkpoint "
+                "to continue; pass overwrite=true to replace them, or another out_dir"
+            )
+        raise ValueError(
+            f"{self.directory.parent} already holds another run's files ({held}); "
+            "pass resume=auto to continue it, overwrite=true to replace it, or another out_dir"
+        )
+
+    def readable_step(self, path: Path) -> int:
+        """resume=auto: the newest checkpoint's step, refused in one line if it cannot be read."""
+        try:
+            load_checkpoint(path)
+        except ValueError as e:
+            raise ValueError(
+                f"resume=auto: the newest checkpoint cannot be read ({e}); move it away to resume from an "
+                "older one, or give resume=PATH"
+            ) from None
+        return checkpoint_step(path) or -1  # listed from this directory: its name is its step
+
+    def given_checkpoint(self, resume: str, overwrite: bool) -> tuple[Path, int]:
+        """resume=PATH: a whole attnlab checkpoint, and its step here (-1 for one from elsewhere). Refuses
+        newer checkpoints or another run's files it does not continue: two histories would interleave."""
+        path = Path(resume).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"resume={resume!r} is not a file; give resume=auto or a checkpoint path")
+        load_checkpoint(path)  # refused here, in one line, if it is not a whole attnlab checkpoint
+        step = checkpoint_step(path) if self.holds(path) else None
+        step = -1 if step is None else step
+        newer = [p.name for p in self.step_checkpoints() if (checkpoint_step(p) or -1) > step]
+        if newer and not overwrite:
+            raise ValueError(
+                f"{self.directory} holds checkpoints that {path.name} does not continue ({', '.join(newer)}); "
+                "pass overwrite=true to replace them, or resume=auto for the newest"
+            )
+        if not self.holds(path) and (held := self._files_in_the_way(overwrite)):  # a new history here
+            raise ValueError(
+                f"{self.directory.parent} already holds another run's files ({held}), which {path.name} "
+                "does not continue; pass overwrite=true to replace them, or another out_dir"
+            )
+        return path, step
 
     def check_a_runs_or_empty(self) -> None:
         """A fresh start replaces a run's files (with overwrite=true), never files no run wrote: overwrite does not
