@@ -21,7 +21,7 @@ from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, restore_rng_state
 from rundir.files import run_dir_itself
 from rundir.records import plot_runs
-from rundir.run import Run, restore
+from rundir.run import Run
 from training import distributed
 from training.config import TrainConfig
 from training.distributed import DistInfo
@@ -49,7 +49,7 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
     run = Run(cfg.out_dir, cfg.keep_last)
     distributed.on_main(run.acquire, dist)  # held until the run ends, however it ends
     try:
-        trainer, resumed = set_up(cfg, run, dist, device)
+        trainer, resumed, prompt_ids = set_up(cfg, run, dist, device)
     except BaseException:
         run.release(discard=True)  # refused at start-up: a directory made for it goes again
         raise
@@ -69,7 +69,7 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
             if dist.is_main:
                 plot_run(Path(cfg.out_dir))
             if cfg.sample_tokens > 0:
-                print_sample(trainer)
+                print_sample(trainer, prompt_ids)
         except KeyboardInterrupt:  # a Ctrl-C after the last step: said as a stop, not as a second Ctrl-C's loss
             raise RunInterrupted(signal.SIGINT, trainer.state.step, str(run.latest()), cfg.out_dir, True) from None
         return metrics
@@ -78,8 +78,12 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
         run.release(discard=True)  # a run that wrote nothing (a full disk at its first save) leaves no trace
 
 
-def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> tuple[Trainer, Checkpoint | None]:
-    """Every check, the data, the model and its resumed state; writes nothing into out_dir."""
+def set_up(
+    cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device
+) -> tuple[Trainer, Checkpoint | None, list[int]]:
+    """Every check, the data, the model and its resumed state; writes nothing into out_dir. Returns the trainer
+    (its `run` left None where the checkpoint resumed has nothing left to train), that checkpoint, and the
+    end-of-run sample's prompt ids."""
     check_precision_runs(cfg.precision, device)  # needs only the device: before the data, which can take minutes
     resume_path = run.resume_path(cfg.resume, cfg.overwrite)
     distributed.check_same(str(resume_path), "the checkpoint to resume", "out_dir must be on a shared disk", dist)
@@ -89,12 +93,7 @@ def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> 
     prompt_ids = sample_prompt_ids(data, cfg.sample_prompt, cfg.sample_tokens)
     check_fits_in_memory(cfg.model, device)
     trainer = Trainer(cfg, data, device, dist)
-    trainer.sample_prompt_ids = prompt_ids
-    resumed = None
-    if resume_path is not None:
-        trainer.state, resumed = restore(resume_path, asdict(cfg), trainer.model, trainer.optimizer, data)
-        trainer.average.load(resumed.section("model."), trainer.state.average_progress)
-        trainer.metrics = resumed.meta.get("metrics") or {}
+    resumed = trainer.resume(resume_path) if resume_path is not None else None
     trainer.prepare()
     if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
         if not run.holds(resume_path):  # out_dir would end with nothing in it to sample or continue
@@ -105,7 +104,7 @@ def set_up(cfg: TrainConfig, run: Run, dist: DistInfo, device: torch.device) -> 
         log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
     else:
         trainer.run = run
-    return trainer, resumed
+    return trainer, resumed, prompt_ids
 
 
 def start_records(trainer: Trainer) -> None:
@@ -235,7 +234,7 @@ def check_fits_in_memory(model: GPTConfig, device: torch.device) -> None:
 # -- the end of a run ---------------------------------------------------------------------------------------
 
 
-def print_sample(trainer: Trainer) -> None:
+def print_sample(trainer: Trainer, prompt_ids: list[int]) -> None:
     """A few hundred tokens from the trained model, so a run ends with something to read."""
     cfg = trainer.cfg
     val_loss = trainer.metrics.get("val/loss", math.nan)
@@ -250,8 +249,7 @@ def print_sample(trainer: Trainer) -> None:
         params = SamplingParams(max_new_tokens=cfg.sample_tokens, seed=cfg.seed)  # scripts/sample.py's defaults
         sampled = model.to(trainer.device).eval()
         with torch_threads(decode_threads(sampled)):  # one thread for a small model's decode: fast on a busy CPU
-            ids = trainer.sample_prompt_ids
-            text = "".join(stream_text(sampled, trainer.data.tokenizer, ids, params, trainer.device))
+            text = "".join(stream_text(sampled, trainer.data.tokenizer, prompt_ids, params, trainer.device))
         print(f"\n--- sample ---\n{cfg.sample_prompt}{text}\n--------------")
 
     distributed.on_main(show, trainer.dist)

@@ -4,7 +4,7 @@ the compile trial runs its `forward_backward`), and `fit` is the loop, read top-
 components: the model, the batches (data/), the optimizer and schedule (training/optim.py), the runtime
 (device, precision, compile, signals), the distributed helpers (no-ops in one process) and the run
 directory (rundir.Run).
-Set-up (data, checks, resume) and the end-of-run sample are training/setup.py's."""
+Set-up (data, checks, which checkpoint to resume) and the end-of-run sample are training/setup.py's."""
 
 import copy
 import logging
@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from data.batches import PreparedData, batch_layout, eval_batches, sample_batch
 from model.gpt import GPT
-from rundir.checkpoint import clean_state_dict
-from rundir.run import Run, RunState
+from rundir.checkpoint import Checkpoint, clean_state_dict
+from rundir.run import Run, RunState, restore
 from training import distributed
 from training.average import WeightAverage
 from training.config import TrainConfig
@@ -69,7 +69,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.state = RunState()
         self.run: Run | None = None  # set by train(); a bare Trainer saves nothing
-        self.sample_prompt_ids: list[int] = []  # the end-of-run sample's, checked in set-up
         self.val_batches = eval_batches(data.val, cfg.batch_size, cfg.model.train_length, cfg.eval_batches, cfg.seed)
         self.metrics: dict[str, float] = {}  # the last evaluation's
 
@@ -210,6 +209,15 @@ class Trainer:
         return Path(distributed.broadcast_object(str(distributed.on_main(write, self.dist)), self.dist))
 
     # -- before the first step, and the loop ----------------------------------------------------------------
+
+    def resume(self, path: Path) -> Checkpoint:
+        """Continue the run saved at `path`: weights, optimizer, weight average, counters and its last metrics,
+        each checked against this run first. Its RNG streams are the caller's to restore, just before the first
+        step, so nothing set up after this draws from them."""
+        self.state, resumed = restore(path, asdict(self.cfg), self.model, self.optimizer, self.data)
+        self.average.load(resumed.section("model."), self.state.average_progress)
+        self.metrics = resumed.meta.get("metrics") or {}
+        return resumed
 
     def prepare(self) -> None:
         """Before the first step: DDP/FSDP wrapping and compilation. Every rank takes rank 0's max_steps (a
