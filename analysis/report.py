@@ -2,15 +2,15 @@
 t-interval over seeds, the paired difference against a reference cell, a sentence per comparison,
 then every run that did not finish."""
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, fmt_interval, paired_difference, t_interval, verdict
-from analysis.sweep import COMPLETED, Cell, Run, matches, setting, sort_key, varying_keys
+from analysis.sweep import COMPLETED, Cell, Run, matches, schema_defaults, setting, sort_key, varying_keys
 
 FULL_VAL_TEXT = "each run's best checkpoint scored on every held-out token (full val, --full-val)"
 LOOP_VAL_TEXT = "final validation values on the run's own eval_batches val batches (curves: the same batches)"
-KV_BYTES_PER_VALUE = 2  # the KV cache is counted in bf16/fp16, as decoding on an accelerator keeps it
 
 
 def fmt_count(n: float | None) -> str:
@@ -27,15 +27,19 @@ def fmt_value(value: Any) -> str:
     return text.replace("|", "\\|")
 
 
-def kv_cache_bytes_per_token(n_layer: int, n_kv_head: int, d_k: int, bytes_per_value: int = KV_BYTES_PER_VALUE) -> int:
-    """A key and a value vector per KV head per layer: 2 * n_layer * n_kv_head * d_k * bytes."""
-    return 2 * n_layer * n_kv_head * d_k * bytes_per_value
-
-
 def cell_kv_bytes(cell: Cell) -> int:
-    run = cell.runs[0]
-    n_kv_head = run.config.get("model.n_kv_head") or cell.info("n_head")
-    return kv_cache_bytes_per_token(cell.info("n_layer"), n_kv_head, cell.info("d_k"))
+    """Bytes one token takes in the cell's KV cache in bf16 (as decoding on an accelerator keeps it), over every
+    layer, by the model's own rule (model/kv_cache.py); a formula of the report's own counted MLA as MHA."""
+    import torch
+
+    from model.config import GPTConfig
+    from model.kv_cache import kv_bytes_per_token
+
+    known = {f.name for f in fields(GPTConfig)}
+    config = schema_defaults() | cell.runs[0].config  # a key the run predates ran as its default
+    model = {key: config[f"model.{key}"] for key in known if f"model.{key}" in config}
+    model |= {key: cell.info(key) for key in ("n_layer", "n_head", "d_model", "d_k") if cell.info(key) is not None}
+    return kv_bytes_per_token(GPTConfig(**model), torch.bfloat16)
 
 
 def choose_reference(cells: list[Cell], spec: dict[str, str] | None) -> Cell | None:
@@ -228,8 +232,9 @@ def markdown_report(
         "",
         f"Loss and bits/byte are {FULL_VAL_TEXT if full_val else LOOP_VAL_TEXT}: mean [{pct} t-interval over seeds]. "
         f"Δ is the paired difference against the reference ({reference.label() if reference else '—'}) over "
-        f"the seeds both share (same seed, same data order), with its t-interval{in_bits(cells)}. KV bytes/token = "
-        f"2 · n_layer · n_kv_head · d_k · {KV_BYTES_PER_VALUE} (bf16). FLOPs/token count matmuls, fwd + bwd.",
+        f"the seeds both share (same seed, same data order), with its t-interval{in_bits(cells)}. KV bytes/token: "
+        "what a token takes in the model's KV cache, all layers, in bf16 (keys and values of n_kv_head heads of d_k; "
+        "MLA: its latent and rope key). FLOPs/token count matmuls, fwd + bwd.",
         "",
         *predated_note(runs),
         table(cells, reference) if cells else "No run completed.",

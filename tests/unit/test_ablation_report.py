@@ -62,6 +62,16 @@ def test_an_lr_sweep_is_two_rows_named_by_the_swept_key(tmp_path):
     assert [r["summary"]["val/loss"] for r in raw] == [2.0, 2.5, 3.0, 1.70, 2.18, 2.69]
 
 
+def test_kv_bytes_follow_the_models_own_cache_layout_for_mla(tmp_path):
+    # MHA: 2 layers x 2 heads x (K 8 + V 8) x 2 bytes = 128; MLA keeps one latent of 16 a layer: 2 x 16 x 2 = 64
+    for latent in (None, 16):
+        run = config(0, f"out/{latent}")
+        run["model"] |= {"mla_latent": latent, "pos_encoding": "learned"}  # learned: no rope key beside the latent
+        write_fake_run(tmp_path / "sweep" / f"mla{latent}", run, 2.0)
+    report = write_report(tmp_path / "sweep", tmp_path / "out").read_text()
+    assert "| null | 8 | 1.00k | 6.00k | 128 |" in report and "| 16 | 8 | 1.00k | 6.00k | 64 |" in report
+
+
 def test_a_grid_of_two_keys_gets_a_cell_per_pair_and_a_heatmap(tmp_path):
     for n_head in (1, 2):
         for d_k in (8, 16):
