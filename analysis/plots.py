@@ -43,8 +43,10 @@ def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
     return save(fig, path)
 
 
-def plot_intervals(cells: list[Cell], path: Path, metric: str = "val/loss") -> Path:
-    """Final `metric` per cell: each seed a dot, the mean a bar with its t-interval as error bar."""
+def plot_intervals(cells: list[Cell], path: Path) -> Path:
+    """The final metric the cells are compared in (`compared_metric`) per cell: each seed a dot, the mean a bar
+    with its t-interval as error bar."""
+    metric, _, unit = compared_metric(cells)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cells) + 2), 4.2))
     for x, cell in enumerate(cells):
         values = list(cell.metric(metric).values())
@@ -53,21 +55,23 @@ def plot_intervals(cells: list[Cell], path: Path, metric: str = "val/loss") -> P
         ax.errorbar([x], [ci.mean], yerr=err, fmt="o", color="black", capsize=5, ms=6)
         ax.scatter([x + 0.12] * len(values), values, color="tab:blue", s=12, alpha=0.7)
     ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
-    ax.set_ylabel(f"final {metric}")
+    ax.set_ylabel(f"final {metric} ({unit})")
     ax.set_title(f"Final {metric}: mean with {CONFIDENCE:.0%} t-interval (dots: seeds)")
     ax.grid(alpha=0.3, axis="y")
     return save(fig, path)
 
 
 def plot_loss_heatmap(cells: list[Cell], path: Path) -> Path:
-    """Mean final validation loss over the two swept keys (rows x columns); blank = no result."""
+    """Mean final validation loss (bits/byte where the data differ: `compared_metric`) over the two swept keys
+    (rows x columns); blank = no result."""
+    metric, name, unit = compared_metric(cells)
     (row_key, col_key) = list(cells[0].values)
     rows = sorted({c.values[row_key] for c in cells}, key=lambda v: sort_key((v,)))
     cols = sorted({c.values[col_key] for c in cells}, key=lambda v: sort_key((v,)))
     grid = [[math.nan] * len(cols) for _ in rows]
     for c in cells:
         grid[rows.index(c.values[row_key])][cols.index(c.values[col_key])] = t_interval(
-            list(c.metric("val/loss").values())
+            list(c.metric(metric).values())
         ).mean
     fig, ax = plt.subplots(figsize=(1.4 * len(cols) + 2.5, 1.0 * len(rows) + 1.8))
     image = ax.imshow(grid, cmap="viridis_r", aspect="auto")
@@ -82,8 +86,8 @@ def plot_loss_heatmap(cells: list[Cell], path: Path) -> Path:
     ax.set_yticks(range(len(rows)), [str(v) for v in rows])
     ax.set_xlabel(col_key)
     ax.set_ylabel(row_key)
-    ax.set_title("Final validation loss (lower is better)")
-    fig.colorbar(image, ax=ax, label="nats/token")
+    ax.set_title(f"Final validation {name} (lower is better)")
+    fig.colorbar(image, ax=ax, label="nats/token" if unit == "nats" else unit)
     return save(fig, path)
 
 

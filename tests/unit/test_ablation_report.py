@@ -436,6 +436,28 @@ def test_runs_on_two_tokenizers_are_compared_in_bits_per_byte(tmp_path):
     )
 
 
+def test_the_interval_plot_of_two_tokenizers_draws_bits_per_byte(tmp_path, monkeypatch):
+    # Defect: the report's Δ was in bits/byte while its interval plot still ranked the cells in nats per token.
+    for seed in (0, 1, 2):
+        for tokenizer, loss, bpb in (("char", 1.5, 2.2 + seed / 100), ("bpe", 4.0, 1.9 + seed / 100)):
+            run = {**config(seed, f"out/{tokenizer}/{seed}"), "data": {"tokenizer": tokenizer}}
+            path = write_fake_run(tmp_path / "sweep" / f"{tokenizer}_s{seed}", run, loss)
+            summary = json.loads((path / "summary.json").read_text())
+            (path / "summary.json").write_text(json.dumps(summary | {"val/bpb": bpb}))
+    import analysis.plots
+
+    drawn = {}
+    save = analysis.plots.save
+    monkeypatch.setattr(
+        analysis.plots, "save", lambda fig, path: drawn.setdefault(path.name, fig.axes[0]) and save(fig, path)
+    )
+    write_report(tmp_path / "sweep", tmp_path / "out", reference="data.tokenizer=char")
+    axes = drawn["val_loss_intervals.png"]
+    assert axes.get_ylabel() == "final val/bpb (bits/byte)"
+    means = sorted(round(float(line.get_ydata()[0]), 4) for line in axes.get_lines() if line.get_marker() == "o")
+    assert means == [1.91, 2.21]  # bits/byte of bpe and char, not their losses 4.0 and 1.5
+
+
 def test_a_difference_over_fewer_seeds_than_a_cell_has_names_them(tmp_path):
     # two sweeps in one folder: n_head=1 over seeds 1, 2, 3 and n_head=4 over 2, 3, 4; the row's mean is over
     # its own three, its Δ over the two both have, and nothing said so
