@@ -137,6 +137,8 @@ def attention_stats(model: GPT, sequences: list[Tensor]) -> AttentionStats:
     return AttentionStats(mean[0], mean[1], mean[2])
 
 
-def uniform_entropy(T: int) -> float:
-    """Mean entropy of uniform causal attention over rows t = 1..T-1 (the most diffuse a head can be)."""
-    return sum(math.log(t + 1) for t in range(1, T)) / max(1, T - 1)
+def uniform_entropy(T: int, window: int | None = None) -> float:
+    """Mean entropy of uniform causal attention over rows t = 1..T-1 (the most diffuse a head can be); a layer
+    with a sliding `window` sees at most that many keys (model.window_size: ln(window) at most)."""
+    keys = [t + 1 if window is None else min(t + 1, window) for t in range(1, T)]
+    return sum(math.log(k) for k in keys) / max(1, T - 1)

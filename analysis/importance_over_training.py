@@ -23,7 +23,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 import torch
 
-from analysis.fixed_windows import check_tokens_asked, val_windows
+from analysis.fixed_windows import check_tokens_asked, val_windows, window_length
 from analysis.head_importance import head_scores
 from analysis.outputs import check_out_dir, check_replaceable
 from analysis.trained import Trained, load_trained
@@ -95,7 +95,7 @@ def score_run(
     c = first.model.config
     results["shape"] = {"n_layer": c.n_layer, "n_head": c.n_head}
     results["tokens"] = sum(x.numel() for x, _ in batches)
-    results["block_size"] = c.block_size
+    results["window"] = window_length(first)
     results["data"] = str(text) if text else "validation split"
     return results
 
@@ -122,7 +122,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Head importance over training: {results['run']}",
         "",
         f"{len(steps)} step checkpoints, each measured on the same {results['tokens']} tokens of the "
-        f"{results['data']} in windows of {results['block_size']}. Rows are heads (layer.head), columns steps.",
+        f"{results['data']} in windows of {results['window']}. Rows are heads (layer.head), columns steps.",
         "",
     ]
     for key, title in MEASURES.items():
@@ -180,7 +180,7 @@ def write_importance_over_training(
 
 def check_results(results: Any) -> None:
     """ValueError unless `results` has the shape score_run gives: a grid of (n_layer, n_head) numbers per step."""
-    keys = ("run", "steps", "checkpoints", "shape", "tokens", "block_size", "data", "base_loss", *PER_HEAD)
+    keys = ("run", "steps", "checkpoints", "shape", "tokens", "data", "base_loss", *PER_HEAD)
     if missing := [key for key in keys if key not in results]:
         raise ValueError(f"no {', '.join(missing)}")
     L, H = results["shape"]["n_layer"], results["shape"]["n_head"]

@@ -5,11 +5,11 @@ checkpoint of a run, against the step (--over-training).
     python scripts/head_importance.py path/to/best.safetensors --text some.txt
     python scripts/head_importance.py outputs/DATE/TIME --over-training [--out DIR]
 
-A run directory means its checkpoints/best.safetensors. The loss is measured on fixed windows of
-block_size tokens: the first --tokens of the checkpoint's own validation split (its data config,
-prepared or reused from the cache), windows drawn with a fixed seed; or consecutive windows of
---text. Writes head_importance.md, head_importance.json, head_heatmaps.png and pruning_curve.png
-(an existing one is replaced only with --force).
+A run directory means its checkpoints/best.safetensors. The loss is measured on fixed windows as long as
+the sequences the model trained on (model.train_block_size, else block_size): about --tokens of the
+checkpoint's own validation split (its data config, prepared or reused from the cache) in windows drawn at
+random positions with a fixed seed; or consecutive windows of --text. Writes head_importance.md,
+head_importance.json, head_heatmaps.png and pruning_curve.png (an existing one is replaced only with --force).
 
 --over-training measures the two importances (the loss change with a head alone masked, and the
 paper's |dL/dgate|) at every RUN/checkpoints/step_*.safetensors on the same windows, and writes
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from analysis.fixed_windows import BATCH_SIZE, check_tokens_asked, val_windows
+from analysis.fixed_windows import BATCH_SIZE, check_tokens_asked, val_windows, window_length
 from analysis.head_importance import attention_stats, head_scores, pruning_curve, uniform_entropy
 from analysis.importance_over_training import write_importance_over_training
 from analysis.outputs import check_out_dir, check_replaceable
@@ -66,7 +66,8 @@ def analyse(target: Path, tokens: int, device: torch.device, text: Path | None) 
         "step": trained.meta.get("step"),
         "shape": {"n_layer": c.n_layer, "n_head": c.n_head, "d_k": c.head_dim, "n_kv_head": c.kv_heads},
         "tokens": sum(x.numel() for x, _ in batches),
-        "block_size": c.block_size,
+        "window": window_length(trained),
+        "uniform_entropy": [uniform_entropy(window_length(trained), c.layer_window(i)) for i in range(c.n_layer)],
         "data": str(text) if text else "validation split",
         **scores,  # base_loss, delta_loss, importance, importance_raw
         "entropy": stats.entropy.tolist(),
@@ -145,6 +146,13 @@ def findings(results: dict) -> list[str]:
     return out
 
 
+def uniform_text(per_layer: list[float]) -> str:
+    """The most diffuse a head can be: one figure, or one per layer where sliding windows make them differ."""
+    if len(set(per_layer)) == 1:
+        return f"{per_layer[0]:.3f} nats"
+    return "by layer (its window of keys) " + ", ".join(f"{value:.3f}" for value in per_layer) + " nats"
+
+
 def markdown(results: dict) -> str:
     s = results["shape"]
     delta = results["delta_loss"]
@@ -155,8 +163,8 @@ def markdown(results: dict) -> str:
         f"# Head importance: {results['checkpoint']} (step {results['step']})",
         "",
         f"n_layer={s['n_layer']}, n_head={s['n_head']}, d_k={s['d_k']}, n_kv_head={s['n_kv_head']}; "
-        f"{results['tokens']} tokens of the {results['data']} in windows of {results['block_size']}. "
-        f"Entropy of uniform attention over these windows: {uniform_entropy(results['block_size']):.3f} nats.",
+        f"{results['tokens']} tokens of the {results['data']} in windows of {results['window']}. "
+        f"Entropy of uniform attention over these windows: {uniform_text(results['uniform_entropy'])}.",
         "",
         *findings(results),
         "",

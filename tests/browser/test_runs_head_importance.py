@@ -13,7 +13,7 @@ RESULTS = {
     "checkpoints": ["step_0000010.safetensors", "step_0000020.safetensors"],
     "shape": {"n_layer": 2, "n_head": 1},
     "tokens": 256,
-    "block_size": 32,
+    "window": 32,
     "data": "validation split",
     "base_loss": [3.1, 2.9],
     "delta_loss": [[[0.5], [0.01]], [[0.75], [0.02]]],

@@ -2,6 +2,7 @@
 (every step checkpoint of a run trained with keep_last=null); bad targets are one error line."""
 
 import json
+import math
 import re
 import shutil
 
@@ -61,6 +62,30 @@ def test_a_text_file_is_cut_into_consecutive_windows(tiny_run, tmp_path):
     write_head_importance(ckpt, tmp_path / "hi", tokens=16384, device="cpu", text=text)  # --tokens at its default
     results = json.loads((tmp_path / "hi" / "head_importance.json").read_text())
     assert results["tokens"] == 4 * 32 and results["data"] == str(text)
+
+
+def test_windows_are_as_long_as_training_sequences_and_uniform_entropy_counts_a_layers_window(
+    shared_corpus_overrides, tmp_path
+):
+    # Defect: windows were block_size long (4,096 in the default model, which trains on 128 tokens): the default
+    # --tokens was refused, and the least allowed took minutes and gigabytes. And the uniform baseline counted every
+    # earlier key where a windowed layer sees at most window_size of them.
+    run = tmp_path / "run"
+    shape = [
+        "model.train_block_size=16",
+        "model.window_pattern=SL",
+        "model.window_size=4",
+        "model.long_window_size=16",
+    ]
+    run_train([*shared_corpus_overrides, f"out_dir={run}", "sample_tokens=0", "max_steps=2", *shape])
+    write_head_importance(run, tmp_path / "hi", tokens=256, device="cpu")
+    results = json.loads((tmp_path / "hi" / "head_importance.json").read_text())
+    assert results["window"] == 16 and results["tokens"] == 2 * 8 * 16  # 256 / (8 windows of 16) = 2 batches
+    windowed = sum(math.log(min(t + 1, 4)) for t in range(1, 16)) / 15
+    whole = sum(math.log(t + 1) for t in range(1, 16)) / 15
+    assert results["uniform_entropy"] == pytest.approx([windowed, whole])
+    report = (tmp_path / "hi" / "head_importance.md").read_text()
+    assert f"by layer (its window of keys) {windowed:.3f}, {whole:.3f} nats" in report
 
 
 @pytest.mark.parametrize(
