@@ -107,6 +107,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     builder = hold_build_lock(tmp)
     try:
         counts = _write_splits(tmp, docs, cfg, tokenizer, segmenter, dtype, progress)
+        check_splits_hold_text(counts, cfg)
         meta = _meta(cfg, key, fp, tokenizer, dtype, counts)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
@@ -154,6 +155,19 @@ def _write_splits(
             bar.update(len(texts))
         bar.close()
     return counts
+
+
+def check_splits_hold_text(counts: dict, cfg: DataConfig) -> None:
+    """Both splits hold some text, refused before the cache entry exists: empty files held out left a val split
+    of no bytes, which every later load refused as a damaged cache however often it was prepared again."""
+    for split in SPLITS:
+        if counts[split]["bytes"] == 0:
+            n = counts[split]["documents"]
+            raise ValueError(
+                f"the {split} split's {n} document{' holds' if n == 1 else 's hold'} no text (data.split_seed="
+                f"{cfg.split_seed} chose them, data.val_fraction={cfg.val_fraction}): remove empty files from "
+                "data.files, or choose another data.split_seed"
+            )
 
 
 def _meta(cfg: DataConfig, key: dict, fp: str, tokenizer: Tokenizer, dtype: np.dtype, counts: dict) -> dict:

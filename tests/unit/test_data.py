@@ -199,6 +199,34 @@ def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     assert sorted(texts["text"]) == ["First line.\n", "a\ufeffb\n"]
 
 
+def test_the_files_named_are_read_exactly_as_written(tmp_path):
+    # Defect: `datasets` took each path as a pattern again: 'chapter [1].txt' was skipped, 'q?.txt' read 'qa.txt'
+    # too, 'a::b.txt' was "not found"; and its text builder turned \r\n and a lone \r into \n.
+    texts = {"chapter [1].txt": "one\r\ntwo\n", "q?.txt": "50%\r100%\n", "a::b.txt": "colons\n"}
+    for name, text in texts.items():
+        (tmp_path / name).write_bytes(text.encode())
+    (tmp_path / "qa.txt").write_text("not named\n")
+    named = [str(tmp_path / name).replace("[", "[[]").replace("?", "[?]") for name in texts]  # globs of one file
+    docs = load_documents(DataConfig(source="files", files=named, cache_dir=str(tmp_path / "c")))
+    assert docs["text"] == [texts[name] for name in sorted(texts)]
+
+
+def test_a_utf16_file_is_named_as_such(tmp_path):
+    (tmp_path / "notepad.txt").write_bytes("hello\n".encode("utf-16"))  # Windows Notepad's "Unicode"
+    with pytest.raises(ValueError, match=r"'.*notepad.txt' is UTF-16 text; convert it to UTF-8"):
+        load_documents(DataConfig(source="files", files=[str(tmp_path / "notepad.txt")], cache_dir=str(tmp_path)))
+
+
+def test_a_held_out_split_of_empty_files_is_refused_before_it_is_cached(tmp_path):
+    # Defect: an empty file held out made a val split of 0 bytes, cached, then refused at every load as damaged.
+    write_docs(tmp_path / "docs", [*DOCS[:2], ""])
+    cfg = files_cfg(tmp_path, val_fraction=0.3)
+    seed = next(s for s in range(100) if split_documents(3, 0.3, s).tolist() == [False, False, True])
+    with pytest.raises(ValueError, match=rf"the val split's 1 document holds no text \(data.split_seed={seed} chose"):
+        prepare(replace(cfg, split_seed=seed), progress=False)
+    assert not list((tmp_path / "cache" / "prepared").glob("[!.]*"))  # no entry that cannot load
+
+
 def test_a_file_ending_inside_a_utf8_character_is_one_line(tmp_path):
     # Defect: the check never finished its decoder, so a last character cut short ("caf\xc3") passed it
     # and `datasets` failed later with a DatasetGenerationError traceback.
