@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from analysis.trained import Trained, check_data_tokenizer
+from analysis.trained import Trained, check_checkpoint_data
 from data.batches import eval_batches
 from data.config import DataConfig
 from data.prepare import prepare
@@ -64,7 +64,7 @@ def val_windows(trained: Trained, tokens: int, text: Path | None) -> list[tuple[
             "give --text FILE to measure on a text of your own"
         ) from None
     data = prepare(data_cfg, progress=False)
-    check_data_tokenizer(trained.meta["tokenizer"], data, "give --text FILE to measure on a text of your own")
+    check_checkpoint_data(trained.meta, data, "give --text FILE to measure on a text of your own")
     # capped at the split: windows are drawn with replacement, so more would repeat its tokens (and a typo's
     # 10^12 built batches until memory ran out)
     num_batches = max(1, math.ceil(min(tokens, len(data.val)) / (BATCH_SIZE * block_size)))

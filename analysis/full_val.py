@@ -10,7 +10,7 @@ only when that checkpoint changed."""
 import json
 from pathlib import Path
 
-from analysis.trained import check_data_tokenizer, find_checkpoint, load_model
+from analysis.trained import check_checkpoint_data, find_checkpoint, load_model
 from data.config import DataConfig
 from data.prepare import prepare
 from rundir.files import atomic_write_bytes
@@ -28,8 +28,8 @@ def score_checkpoint(path: Path) -> dict:
     data = prepare(DataConfig(**config["data"]), progress=False)
     # an imported checkpoint's header keeps its tokenizer but no split of its own: scored on the default split's
     # text through that split's tokenizer, it read 3.95 where its run read 3.83
-    check_data_tokenizer(
-        ckpt.meta["tokenizer"], data, "its header does not name the data it was trained on: score the run it came from"
+    check_checkpoint_data(
+        ckpt.meta, data, "its header does not name the data it was trained on: score the run it came from"
     )
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(config.get("precision", "auto"), device))

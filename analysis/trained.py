@@ -63,11 +63,23 @@ def load_trained(source: str | Path, device: torch.device | str = "cpu", cache_d
     return Trained(model, tokenizer, path, ckpt.meta)
 
 
-def check_data_tokenizer(tokenizer_meta: dict, data: "PreparedData", advice: str) -> None:
-    """The data a checkpoint's header names must come with the checkpoint's own tokenizer (both read from JSON:
-    the rule resume applies): else the same ids mean other tokens, and the numbers are wrong, not an error."""
-    if data.tokenizer_meta != tokenizer_meta:
+def check_checkpoint_data(meta: dict, data: "PreparedData", advice: str) -> None:
+    """The data a checkpoint's header names must be what its run trained on: its own tokenizer (both read from
+    JSON: the rule resume applies), else the same ids mean other tokens; and the same documents, where the header
+    records them, else a file added to data.files (or a relative path read from another folder) moves text the
+    model trained on into the held-out split. Either way the numbers are wrong, not an error."""
+    if data.tokenizer_meta != meta.get("tokenizer"):
         raise ValueError(
             f"the checkpoint's tokenizer differs from the one its data config prepares "
             f"({data.tokenizer_meta['name']}, {data.vocab_size} ids); {advice}"
+        )
+    trained_on = meta.get("data_fingerprint")
+    if trained_on is not None and trained_on != data.fingerprint:
+        files = (meta.get("config") or {}).get("data", {}).get("files") or []
+        relative = any(not Path(f).expanduser().is_absolute() for f in files)
+        raise ValueError(
+            f"the data its config names has changed since the run trained (prepared {data.fingerprint}, trained on "
+            f"{trained_on}: a file of data.files added, removed or edited"
+            f"{', or its relative paths read from another folder' if relative else ''}); the held-out split "
+            "would not be its run's and may hold text it trained on: give it the files it trained on"
         )

@@ -95,3 +95,20 @@ def test_a_checkpoint_whose_tokenizer_is_not_its_datas_is_refused_not_scored(tin
     other = save_checkpoint(tmp_path / "imported.safetensors", model, None, meta)
     with pytest.raises(ValueError, match=r"^the checkpoint's tokenizer differs from the one its data config prepares"):
         analysis.full_val.score_checkpoint(other)
+
+
+def test_a_run_whose_files_changed_since_is_refused_not_scored_on_another_split(tmp_path):
+    # Defect: a file added to data.files re-drew the held-out documents, and --score gave a number for a split that
+    # held a copy of a train document, without a word.
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(6):
+        (books / f"b{i}.txt").write_text(f"book {i}: " + "the cat sat on the mat. " * (20 + i) + "\n")
+    run = tmp_path / "run"
+    data = ["data=files", f"data.files=[{books}/*.txt]", f"data.cache_dir={tmp_path / 'cache'}", "+debug=tiny"]
+    run_train([*data, f"out_dir={run}", "max_steps=2", "sample_tokens=0", "compile=false", "logger=none"])
+    best = run / "checkpoints" / "best.safetensors"
+    assert math.isfinite(analysis.full_val.score_checkpoint(best)["val/bpb"])
+    (books / "b6.txt").write_text((books / "b0.txt").read_text())
+    with pytest.raises(ValueError, match=r"^the data its config names has changed since the run trained .*: a file "):
+        analysis.full_val.score_checkpoint(best)
