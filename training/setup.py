@@ -94,16 +94,18 @@ def set_up(
     check_fits_in_memory(cfg.model, device)
     trainer = Trainer(cfg, data, device, dist)
     resumed = trainer.resume(resume_path) if resume_path is not None else None
-    trainer.prepare()
-    if resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0:
+    # rank 0's answer (a study may have measured max_steps on each), before compiling: it took 40 s to say "nothing"
+    finished = resumed is not None and trainer.progress(trainer.state.elapsed_s) >= 1.0
+    if distributed.broadcast_object(finished, dist):
         if not run.holds(resume_path):  # out_dir would end with nothing in it to sample or continue
             raise ValueError(
                 f"resume={resume_path} finished at step {trainer.state.step}: nothing left to train; raise "
                 f"max_steps or budget_s to continue it in {cfg.out_dir}"
             )
         log.info("%s finished at step %d: nothing left to train", resume_path, trainer.state.step)
-    else:
-        trainer.run = run
+        return trainer, resumed, prompt_ids
+    trainer.prepare()
+    trainer.run = run
     return trainer, resumed, prompt_ids
 
 

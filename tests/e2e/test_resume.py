@@ -167,6 +167,14 @@ def test_resume_path_of_a_finished_checkpoint_into_a_new_directory_is_refused(ru
     assert not (tmp_path / "new").exists()
 
 
+def test_a_finished_run_resumed_says_so_before_compiling(run_overrides, tmp_path, monkeypatch):
+    # Defect: resume=auto of a finished run compiled its step for about 40 s before "nothing left to train".
+    run_train([*run_overrides, "max_steps=4"])
+    monkeypatch.setattr(training.trainer, "compile_or_eager", lambda *a: pytest.fail("compiled a finished run"))
+    metrics = run_train([*run_overrides, "max_steps=4", "resume=auto", "compile=true"])
+    assert metrics["val/loss"] == json.loads((tmp_path / "run" / "summary.json").read_text())["val/loss"]
+
+
 def launch(overrides: list[str], log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "w") as log_file:
