@@ -28,7 +28,7 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
 
     from cli import train_output as cli
     from cli.config import composition_error, register_configs, to_train_config
-    from cli.sweep_jobs import JOB_FILE, JobFailed, run_job_file
+    from cli.sweep_jobs import JOB_FILE, LAUNCHER_PID, JobFailed, die_with, run_job_file
     from rundir.records import log_to_file
     from studies.fairness import resolve_budget
     from training import distributed
@@ -109,6 +109,8 @@ if __name__ == "__main__":
     sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
     signal.signal(signal.SIGTERM, stop_outside_the_loop)  # the loop's own StopSignals save a step first
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
+    if launcher := os.environ.pop(LAUNCHER_PID, None):  # a sweep's job, a benchmark's run: not left running alone
+        die_with(int(launcher))
     try:
         if job_file := os.environ.pop(JOB_FILE, None):  # one job of a sweep the parallel launcher runs
             sys.exit(run_job_file(Path(job_file), main))

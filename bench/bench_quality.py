@@ -52,6 +52,7 @@ from bench import classical
 from bench.bench_train import in_fresh_process, load_config
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least
+from cli.sweep_jobs import LAUNCHER_PID
 from data.config import DataConfig
 from data.prepare import prepare
 from rundir.files import SUMMARY
@@ -164,6 +165,7 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
     args = [sys.executable, str(ROOT / "train.py"), *overrides, f"seed={seed}", f"out_dir={out}", *length]
     args += ["logger=none", "sample_tokens=0", "progress=false"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), COMPILE_CACHE: str(out.with_name(out.name + ".compiled"))}
+    env[LAUNCHER_PID] = str(os.getpid())  # a SIGTERM to this process alone left its runs training on, orphaned
     start = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - start

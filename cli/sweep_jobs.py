@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from cli.errors import error_line
 
 JOB_FILE = "ATTNLAB_SWEEP_JOB"  # set in a job's environment: the YAML config it runs
-LAUNCHER_PID = "ATTNLAB_SWEEP_LAUNCHER"  # and the launcher's process id, so the job dies with it
+LAUNCHER_PID = "ATTNLAB_LAUNCHER_PID"  # the process that started train.py (a sweep, bench_quality): it dies with it
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_S = 0.1  # how often the launcher looks for finished jobs and stop signals to pass on
 KILL_AFTER_S = 30.0  # a job that has not stopped this long after SIGTERM (the launcher failing) is killed
@@ -232,7 +232,6 @@ def run_job_file(job_file: Path, task_function: Callable[[DictConfig], Any]) -> 
     The launcher's process calls the sweep's callbacks, so none run here."""
     from hydra._internal.callbacks import Callbacks
 
-    die_with(int(os.environ[LAUNCHER_PID]))
     config = OmegaConf.load(job_file)  # plain YAML: train.py's to_train_config types the task against its schema
     assert isinstance(config, DictConfig)
     with open_dict(config):  # and Hydra's own node against Hydra's (HydraConfig.set_config insists on it)
@@ -256,8 +255,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with(launcher_pid: int) -> None:
-    """SIGTERM to this job when the launcher's process dies (Linux): the job saves and stops, as after any
-    SIGTERM, instead of training on with no one to read it."""
+    """SIGTERM to this run when the process that started it dies (Linux; train.py calls it where LAUNCHER_PID is
+    set): the run saves and stops, as after any SIGTERM, instead of training on with no one to read it."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
     if os.getppid() != launcher_pid:  # it died before the line above could take effect

@@ -152,3 +152,35 @@ def test_when_the_launcher_is_killed_its_jobs_save_and_stop(tiny_run_overrides, 
     for job in ("0", "1"):
         assert live_run_in(sweep / job) is None
         assert list((sweep / job / "checkpoints").glob("step_*.safetensors"))  # SIGTERM: saved, then stopped
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="a run learns of its parent's death by Linux's PR_SET_PDEATHSIG")
+def test_when_bench_quality_is_terminated_its_runs_save_and_stop(tiny_run_overrides, tmp_path):
+    # Defect: a SIGTERM to bench_quality alone (a batch system's, `kill PID`) left its runs training to the end of
+    # their budgets, children of PID 1, with no one to score them.
+    overrides = [o for o in tiny_run_overrides if not o.startswith("out_dir=")]
+    keep = tmp_path / "runs"
+    args = ["--budget", "600", "--recipes", "default", "--reference", "default", "--seeds", "1", "--keep", str(keep)]
+    bench = subprocess.Popen(
+        [sys.executable, "bench/bench_quality.py", *args, "--", *overrides, "eval_interval=5"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run = keep / "default_1"
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").is_file():
+            assert bench.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        (pid,) = [int(re.match(r"pid (\d+):", (run / ".lock").read_text())[1])]
+        bench.terminate()  # SIGTERM to bench_quality alone, not its process group
+        bench.wait(timeout=60)
+        deadline = time.monotonic() + 120
+        while alive(pid):
+            assert time.monotonic() < deadline, "the run trains on without bench_quality"
+            time.sleep(0.2)
+    finally:
+        bench.kill()
+    assert live_run_in(run) is None
