@@ -153,7 +153,8 @@ class Run:
         self.val_loss = metrics["val/loss"]
         self.show_postfix()  # now, not at the next logged step: the bar never shows a stale evaluation
         self.logger.log({**metrics, "time/elapsed_s": elapsed_s}, self.step)
-        self.interval_start, self.interval_step = time.perf_counter(), self.step  # eval time is not throughput
+        # neither the evaluation's time nor the save's (the loop calls this after both) is throughput
+        self.interval_start, self.interval_step = time.perf_counter(), self.step
 
     def save(
         self,

@@ -293,13 +293,15 @@ class Trainer:
     def evaluate_and_save(self, clock: "Clock", save: bool = True) -> None:
         start = time.perf_counter()
         val_loss = self.evaluate()["val/loss"]
-        self.run.eval_done(self.metrics, clock.local())
+        evaluated_at = clock.local()
         log.info("step %d: val loss %.4f, bpb %.4f", self.state.step, val_loss, self.metrics["val/bpb"])
         if save:
             is_best = val_loss < self.state.best_val_loss
             self.state.best_val_loss = min(self.state.best_val_loss, val_loss)
             self.state.elapsed_s = clock.local()
             self.save(is_best)
+        # after the save: the next tokens/s interval starts here (it counted the save's seconds as training's)
+        self.run.eval_done(self.metrics, evaluated_at)
         clock.paused(time.perf_counter() - start)
 
 

@@ -2,10 +2,12 @@
 time-budget schedule, and resume refusing any architecture change."""
 
 import copy
+import json
 import logging
 import math
 import platform
 import resource
+import time
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -245,6 +247,24 @@ def started(trainer, tmp_path):
     trainer.run = Run(tmp_path / "run").acquire()
     start_records(trainer)
     return trainer
+
+
+def test_the_tokens_per_second_after_an_evaluation_leave_out_the_save(tmp_path, monkeypatch):
+    # Defect: the interval was restarted after the evaluation but before the save, so the step logged after each
+    # evaluation counted the checkpoint's write as training time (353 tokens/s there, 1,457 elsewhere).
+    from training import trainer as trainer_module
+    from training.runtime import StopSignals
+
+    trainer = started(tiny_trainer(tmp_path, "log_interval=1", "eval_interval=3", "max_steps=7"), tmp_path)
+    real_save = trainer_module.Trainer.save
+    monkeypatch.setattr(trainer_module.Trainer, "save", lambda self, best: time.sleep(1.0) or real_save(self, best))
+    with StopSignals() as stop:
+        trainer.fit(stop)
+    trainer.run.close()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["throughput/tokens_per_s"] for r in records if "throughput/tokens_per_s" in r}
+    tokens = trainer.tokens_per_step
+    assert rates[4] > tokens / 0.5 and rates[7] > tokens / 0.5  # a step, not the 1 s save before it
 
 
 def test_a_budget_run_on_a_busy_machine_says_so_once_with_what_to_do(tmp_path, monkeypatch, caplog):
