@@ -59,8 +59,43 @@ def unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
 
 
 def with_suggestion(prefix: str, key: str, hints: dict[str, typing.Any]) -> str:
-    near = difflib.get_close_matches(key, list(hints), n=1)
-    return f"{prefix}{key}" + (f" (did you mean {prefix}{near[0]}?)" if near else "")
+    """`prefix.key`, with the key meant: a near name in its own group, else the same (or a near) name in another
+    (`lr` -> optim.lr, `model.lr` -> optim.lr, `n_head` -> model.n_head)."""
+    near = [prefix + name for name in difflib.get_close_matches(key, list(hints), n=1)]
+    if not near:
+        by_name: dict[str, list[str]] = {}
+        for full in flatten(dataclasses.asdict(StudyRunConfig())):
+            by_name.setdefault(full.rsplit(".", 1)[-1], []).append(full)
+        names = difflib.get_close_matches(key, list(by_name), n=1, cutoff=0.8)
+        near = by_name[names[0]] if names else []
+    return f"{prefix}{key}" + (f" (did you mean {' or '.join(near)}?)" if near else "")
+
+
+# Hydra's own options (`python train.py --hydra-help`), and those of them whose value is the next word
+HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run",
+               "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
+               "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}  # fmt: skip
+TAKES_A_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                 "-cd", "--experimental-rerun", "--info", "-i"}  # fmt: skip
+
+
+def check_override_words(args: list[str]) -> None:
+    """One line for an option written as the scripts take theirs (`--max_steps 10`, `--max_steps=10`) or a key
+    and value apart (`max_steps 10`): Hydra answered with its whole usage, or "cannot parse override '10'"."""
+    for i, arg in enumerate(args):
+        after_flag = i > 0 and args[i - 1] in TAKES_A_VALUE
+        name, has_value, value = arg.partition("=")
+        following = args[i + 1] if i + 1 < len(args) and "=" not in args[i + 1] else ""
+        if arg.startswith("--") and name not in HYDRA_FLAGS:
+            key = name[2:].replace("-", "_")
+            written = f"{key}={value if has_value else following or 'VALUE'}"
+            raise ValueError(f"{arg}: train.py takes key=value overrides, not options; write {written}")
+        if not arg.startswith(("-", "+", "~")) and not has_value and not after_flag:
+            if arg == "help":
+                raise ValueError("help: did you mean --help?")
+            if following:
+                raise ValueError(f"{arg} {following}: write {arg}={following} (key=value, one word)")
+            raise ValueError(f"{arg!r} is not an override: train.py takes key=value (`python train.py --help`)")
 
 
 def unknown_key_error(names: list[str]) -> str:

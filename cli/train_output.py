@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from analysis.sweep import matches, planned_sweep
-from cli.config import CONFIG_DIR, config_options, hydra_value, shell_quote
+from cli.config import CONFIG_DIR, check_override_words, config_options, hydra_value, shell_quote
 from cli.errors import replace_unencodable
 from cli.sweep_check import check_every_job
 from cli.sweep_jobs import jobs_at_a_time
@@ -453,6 +453,7 @@ def hydra_argv(argv: list[str], info: DistInfo) -> list[str]:
     They log through train.py's own handler only: a Hydra one beside it would print each warning twice.
     `out_dir=` with `-m` is refused: Hydra gives each job its own folder, so it would be dropped unsaid."""
     program, *args = argv
+    check_override_words(args)
     for arg in args:  # Hydra's own answer was "Config group override must be a string or a list. Got NoneType"
         key, _, value = arg.partition("=")
         group = CONFIG_DIR / key.lstrip("+")

@@ -84,6 +84,8 @@ def run(shared_corpus_overrides, tmp_path) -> list[str]:
         # a CPU has no fp16 kernels: the matmul peak probe alone took 11 minutes, then a step ~20 s
         ("device=cpu precision=fp16", r"precision=fp16 has no fast kernels on a CPU; .*: use auto \("),
         ("+model.nhead=4", r"unknown config key model.nhead \(did you mean model.n_head\?\)"),
+        ("+lr=3e-4", r"unknown config key lr \(did you mean optim.lr\?\)"),  # the key in another group
+        ("+model.lr=3e-4", r"unknown config key model.lr \(did you mean optim.lr\?\)"),
         ("seed=-1", r"seed=-1 is invalid; it must be an integer in \[0, 2\*\*63\)"),
         ("optim.lr=inf", r"optim.lr=inf is invalid; it must be a finite number > 0"),
         ("optim.grad_clip=nan", r"optim.grad_clip=nan is invalid"),

@@ -75,6 +75,27 @@ def test_a_sweep_flag_typed_among_the_overrides_goes_before_them():
     assert hydra_argv(["train.py", "seed=1"], DistInfo()) == ["train.py", "seed=1"]
 
 
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--max_steps", "10"], "--max_steps: train.py takes key=value overrides, not options; write max_steps=10"),
+        (["--max-steps=10"], "--max-steps=10: train.py takes key=value overrides, not options; write max_steps=10"),
+        (["max_steps", "10"], "max_steps 10: write max_steps=10 (key=value, one word)"),
+        (["10"], "'10' is not an override: train.py takes key=value (`python train.py --help`)"),
+        (["help"], "help: did you mean --help?"),
+    ],
+)
+def test_an_option_or_a_key_apart_from_its_value_is_one_line(args, message):
+    # Defect: `--max_steps 10` got Hydra's whole usage text, `max_steps 10` "cannot parse override '10'".
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        hydra_argv(["train.py", *args], DistInfo())
+
+
+def test_hydras_own_options_and_their_values_pass():
+    for args in (["--cfg", "job", "max_steps=2"], ["-cd", "configs", "--info", "plugins"], ["~logger", "-m", "seed=1"]):
+        assert set(hydra_argv(["train.py", *args], DistInfo())) == {"train.py", *args}
+
+
 def test_the_lines_for_a_run_reached_through_outputs_latest_name_the_run_itself(tmp_path):
     # Defect: `out_dir=outputs/latest resume=auto` (the README's way to continue) ended with a continue
     # command for outputs/latest, which the next run repoints: pasted later, it continued another run.
