@@ -177,6 +177,31 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path, where = Path(path), f"checkpoint {str(path)!r}"
     if not path.is_file():
         raise FileNotFoundError(f"{where} does not exist")
+    for _ in range(READ_TRIES - 1):
+        opened = file_identity(path)
+        try:
+            return read_checkpoint(path, where)
+        except ValueError:
+            if file_identity(path) == opened:  # the file it read is damaged, not replaced meanwhile
+                raise
+    return read_checkpoint(path, where)
+
+
+# safetensors opens the path twice (its header, then the weights): a live run's best.safetensors replaced between
+# the two paired one file's header with the other's weights, read as "fails its sha256 check" (9 in 6,000 loads)
+READ_TRIES = 3
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def read_checkpoint(path: Path, where: str) -> Checkpoint:
+    """One read of the checkpoint file at `path` (load_checkpoint's checks)."""
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}

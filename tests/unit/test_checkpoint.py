@@ -134,6 +134,26 @@ def test_damaged_files_are_refused_in_one_line(saved, how, message):
     assert "\n" not in str(info.value)
 
 
+def test_a_checkpoint_replaced_while_it_is_read_is_read_again_not_called_damaged(saved, tmp_path, monkeypatch):
+    # Defect: safetensors opens the path twice (header, then weights); a live run's best.safetensors renamed into
+    # place between the two paired one file's header with the other's weights: "fails its sha256 check".
+    newer = save_checkpoint(tmp_path / "newer.safetensors", *trained_pair(), {"step": 2})
+    real_read = rundir.checkpoint.read_checkpoint
+    reads = []
+
+    def replaced_during_the_first_read(path, where):
+        reads.append(path)
+        if len(reads) == 1:
+            newer.replace(path)  # the run's rename, between the two opens
+            raise ValueError(f"{where} fails its sha256 check: it was modified or damaged after saving")
+        return real_read(path, where)
+
+    monkeypatch.setattr(rundir.checkpoint, "read_checkpoint", replaced_during_the_first_read)
+    assert load_checkpoint(saved).meta["step"] == 2 and len(reads) == 2
+    with pytest.raises(ValueError, match="fails its sha256 check"):  # a damaged file that stays put is refused
+        load_checkpoint(damaged(saved, "bit-flipped"))
+
+
 def test_edited_header_is_refused(saved):
     with open(saved, "rb") as f:
         blob = f.read()
