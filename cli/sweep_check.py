@@ -4,14 +4,19 @@ folder holding only its multirun.yaml. The jobs are the ones Hydra's basic sweep
 hydra.sweeper.params, then the command line: analysis.sweep.planned_sweep), each composed through Hydra's compose
 API and read by the schema's checks (cli.config.to_train_config), before Hydra itself starts."""
 
+from pathlib import Path
+from typing import Any
+
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from analysis.sweep import planned_sweep
 from cli.config import CONFIG_DIR, composition_error, register_configs, to_train_config
+from rundir.files import RunDirInUse, RunLock
 
 
 def check_every_job(task: list[str]) -> None:
@@ -64,3 +69,30 @@ def job_folder(job: DictConfig) -> tuple[str | None, str]:
         return str(job.hydra.sweep.subdir), pattern
     except OmegaConfBaseException:  # hydra.job.num and the like are set by the launcher
         return None, pattern
+
+
+def live_sweep(sweep_dir: Path, refusal: str) -> ValueError:
+    """The refusal of a sweep into a folder a live process holds (`refusal`: its lock's, naming the process)."""
+    held = refusal.partition("; wait for it")[0]
+    return ValueError(f"hydra.sweep.dir={sweep_dir} holds a live sweep ({held}); wait for it or give another")
+
+
+class SweepLock(Callback):
+    """The sweep folder is one sweep's while it runs: the launching process holds its lock (a run's lock, on the
+    folder itself) from before Hydra writes multirun.yaml to the sweep's end. Two sweeps started into one folder
+    within the seconds a job takes to lock its own folder split its jobs between them and mixed their records
+    (one job's .hydra/ named the other sweep's overrides), which the report then compared."""
+
+    def __init__(self) -> None:
+        self.lock: RunLock | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            self.lock = RunLock(sweep_dir).acquire()
+        except RunDirInUse as e:
+            raise live_sweep(sweep_dir, str(e)) from None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()

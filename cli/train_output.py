@@ -23,7 +23,7 @@ from tqdm import tqdm
 from analysis.sweep import matches, planned_sweep
 from cli.config import CONFIG_DIR, check_override_words, config_options, hydra_value, shell_quote
 from cli.errors import replace_unencodable
-from cli.sweep_check import check_every_job
+from cli.sweep_check import check_every_job, live_sweep
 from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoint import read_header
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
@@ -426,8 +426,7 @@ def check_no_live_job(sweep_dir: Path) -> None:
         return
     for job in [sweep_dir, *sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.is_symlink())]:
         if live := live_run_in(job):
-            held = live.partition("; wait for it")[0]
-            raise ValueError(f"hydra.sweep.dir={sweep_dir} holds a live sweep ({held}); wait for it or give another")
+            raise live_sweep(sweep_dir, live)
 
 
 def check_no_finished_jobs(sweep_dir: Path, args: Sequence[str]) -> None:

@@ -1,9 +1,11 @@
 """cli/sweep_check.py and the sweep's closing hint, without training: what is refused before any job runs."""
 
 import pytest
+from omegaconf import OmegaConf
 
-from cli.sweep_check import check_every_job
+from cli.sweep_check import SweepLock, check_every_job
 from cli.train_output import reference_in_plan
+from rundir.files import live_run_in
 
 
 def test_two_jobs_the_recipe_would_put_in_one_folder_are_refused_before_any_runs():
@@ -49,3 +51,17 @@ def test_hydras_own_flags_on_a_sweep_are_hydras_to_read(flags):
 
     argv = ["train.py", "+experiment=vaswani_a_cpu", *flags]
     assert hydra_argv(argv, DistInfo()) == argv
+
+
+def test_a_sweep_holds_its_folder_so_a_second_one_started_at_once_is_refused(tmp_path):
+    # Defect: two sweeps into one folder within ~2 s (before any job had locked its own folder) both ran, split the
+    # jobs and mixed the records: a job's .hydra/ named the other sweep's overrides, and the report compared them.
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    first, second = SweepLock(), SweepLock()
+    first.on_multirun_start(config)
+    assert live_run_in(tmp_path / "sweep")  # what the check before Hydra reads
+    with pytest.raises(ValueError, match=rf"^hydra.sweep.dir={tmp_path / 'sweep'} holds a live sweep \(.*pid "):
+        second.on_multirun_start(config)
+    first.on_multirun_end(config)
+    second.on_multirun_start(config)  # the first sweep is over
+    second.on_multirun_end(config)
