@@ -54,6 +54,8 @@ class LabSession:
         self.lock = threading.Lock()
         self.device = resolve_device(device)
         self.threads = threads  # torch threads for sampling; None: decode_threads' choice for the model
+        if root is None and not Path(source).expanduser().exists():  # its folder was blamed as "--root 'None'"
+            find_checkpoint(Path(source).expanduser())  # names what is missing, or the dangling link
         self.root = Path(root or default_root(Path(source))).expanduser().resolve()
         if not self.root.is_dir():  # else every path was "outside" a folder that is not there
             raise FileNotFoundError(f"--root {str(root)!r} is not a folder; give the folder that holds your runs")

@@ -156,6 +156,9 @@ def test_a_run_outside_an_explicit_root_is_refused_at_start(root):
     # Defect: a root that does not exist said every run was outside it
     with pytest.raises(FileNotFoundError, match=r"^--root '.*nowhere' is not a folder; give the folder that holds"):
         LabSession(root / "run", root=root / "nowhere")
+    # Defect: a run that does not exist, in a folder that does not either, blamed a --root never given ('None')
+    with pytest.raises(FileNotFoundError, match=r"^'.*nowhere/run' does not exist; give a checkpoint file or a run"):
+        LabSession(root / "nowhere" / "run")
 
 
 def test_the_lab_script_on_the_network_warns_and_still_guards_the_api(root):
