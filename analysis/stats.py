@@ -59,7 +59,9 @@ def paired_difference(cell: dict[int, float], reference: dict[int, float]) -> In
 def smallest_resolved_difference(seed_std: float, n: int, confidence: float = CONFIDENCE) -> float:
     """The paired difference n seeds resolve, given one configuration's seed-to-seed standard deviation: the
     half-width t_{(1+c)/2, n-1} * sqrt(2) * s / sqrt(n) of its interval when the two configurations' noise is
-    independent (sqrt(2) s per-seed differences). Pairing by seed can only narrow it: a bound, not a guess."""
+    independent (sqrt(2) s per-seed differences). Pairing by seed narrows it where the two configurations' seed
+    noise moves together (the same seed draws the same data order and initial weights), and would widen it where
+    it moved apart: a planning figure, not a bound. docs/ablation/noise_floor/ tabulates it."""
     return t_quantile(n, confidence) * math.sqrt(2) * seed_std / math.sqrt(n)
 
 
