@@ -91,7 +91,7 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
-        exit_with_error(e)
+        exit_with_error(cli.with_continue_command(e, train_cfg, overrides))
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise

@@ -28,6 +28,7 @@ from cli.sweep_jobs import jobs_at_a_time
 from rundir.checkpoint import read_header
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
 from rundir.files import RunDirInUse, live_run_in, run_dir_itself
+from rundir.run import ModelMismatch
 from training.config import TrainConfig
 from training.distributed import DistInfo
 
@@ -192,6 +193,19 @@ def nothing_to_resume(out_dir: Path, overrides: Sequence[str], cfg: TrainConfig)
         command = continue_command(newest, [*(o for o in overrides if override_key(o) not in keys), *differences])
         hint = f"the newest run with checkpoints is {newest}: {command}"
     return ValueError(f"resume=auto: {out_dir} is a new run directory, so there is nothing to resume; {hint}")
+
+
+def with_continue_command(e: Exception, cfg: TrainConfig | None, overrides: Sequence[str]) -> Exception:
+    """resume=auto refused for another model config (`+debug=tiny`'s run continued by the default config): the
+    refusal, with the command that continues the run as it was trained."""
+    if not isinstance(e, ModelMismatch) or cfg is None or cfg.resume != "auto":
+        return e
+    run = Path(cfg.out_dir)
+    if not (differences := config_differences(run, cfg)):
+        return e
+    keys = {override_key(d) for d in differences}
+    command = continue_command(run, [*(o for o in overrides if override_key(o) not in keys), *differences])
+    return ValueError(f"{e}: {command}")
 
 
 def config_differences(run: Path, cfg: TrainConfig) -> list[str]:

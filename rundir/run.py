@@ -290,15 +290,16 @@ def check_same_model(saved: dict[str, Any], model: dict[str, Any], where: str) -
     """Every GPTConfig field (derived from the dataclass, so a new knob is covered) must match, but the
     RESUMABLE_MODEL_FIELDS; a field the checkpoint predates must still be at its default."""
     defaults = asdict(GPTConfig())
-    for f in fields(GPTConfig):
-        if f.name in RESUMABLE_MODEL_FIELDS:
-            continue
-        then, now = saved.get(f.name, defaults[f.name]), model[f.name]
-        if then != now:
-            raise ValueError(
-                f"{where} has model.{f.name}={then!r} but this run has model.{f.name}={now!r}; "
-                "resume with the checkpoint's model config"
-            )
+    differ = [f.name for f in fields(GPTConfig) if f.name not in RESUMABLE_MODEL_FIELDS]
+    differ = [name for name in differ if saved.get(name, defaults[name]) != model[name]]
+    if differ:  # every one: naming the first alone sent a user through them one refusal at a time
+        then = ", ".join(f"model.{name}={saved.get(name, defaults[name])!r}" for name in differ)
+        now = ", ".join(f"model.{name}={model[name]!r}" for name in differ)
+        raise ModelMismatch(f"{where} has {then} but this run has {now}; resume with the checkpoint's model config")
+
+
+class ModelMismatch(ValueError):
+    """A checkpoint whose model this run's config does not build; train.py adds the command that continues it."""
 
 
 def restore(

@@ -5,6 +5,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -288,3 +289,29 @@ def test_a_resumed_run_whose_budget_compiling_spent_says_no_step_ran(run_overrid
     said += r" 5\.0 s; continue with a larger budget_s"
     left, trained = map(float, re.search(said, caplog.text).groups())
     assert trained <= 3.0 and abs(left + trained - 4.0) < 0.11
+
+
+def test_resume_auto_of_another_model_names_every_difference_and_the_command_that_continues_it(run_overrides, tmp_path):
+    # Defect: the README's "continue the same run" after its +debug=tiny run named one field ("has model.block_size=32
+    # but this run has 4096; resume with the checkpoint's model config") and not how.
+    import training.setup
+    from cli.config import to_train_config
+    from cli.train_output import with_continue_command
+    from rundir.run import ModelMismatch
+    from tests.helpers import compose_config
+
+    run_train([*run_overrides, "max_steps=4"])
+    data = [o for o in run_overrides if o.startswith("data.")]
+    again = [*data, f"out_dir={tmp_path / 'run'}", "resume=auto", "compile=false", "logger=none"]
+    cfg = to_train_config(compose_config(again))
+    with pytest.raises(ModelMismatch) as refused:
+        training.setup.train(cfg)
+    assert re.search(
+        r"has model.block_size=\d+, model.n_layer=2, .* but this run has model.block_size=", str(refused.value)
+    )
+    message = str(with_continue_command(refused.value, cfg, again))
+    command = shlex.split(message.rsplit("; resume with the checkpoint's model config: ", 1)[1])
+    assert command[1:4] == ["train.py", f"out_dir={tmp_path / 'run'}", "resume=auto"]
+    assert "model.n_layer=2" in command
+    metrics = run_train([*command[2:], "max_steps=6"])  # pasted, it continues the run
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 6 and "val/loss" in metrics
