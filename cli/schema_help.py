@@ -10,6 +10,7 @@ dataclasses (TrainConfig.model, .data, ...) are walked, giving names like `model
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
 import io
 import sys
@@ -165,10 +166,22 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         dashed = message.startswith("unrecognized arguments: -")  # an unknown option, or a prompt such as -x
-        if message.startswith("unrecognized arguments") and self.unrecognized_hint:
+        if near := self.near_option(message):  # a misspelt option, not a prompt: `--temprature 0.5`
+            message += f" (did you mean {near}?)"
+        elif message.startswith("unrecognized arguments") and self.unrecognized_hint:
             message += f"; {self.unrecognized_hint if dashed else self.extra_word_hint}"
         sys.stderr.write(f"error: {message} (see --help)\n")
         sys.exit(2)
+
+    def near_option(self, message: str) -> str | None:
+        """The option an unrecognized `--word` (or `--word=value`) was probably meant to be, if one is close."""
+        words = message.removeprefix("unrecognized arguments: ").split()
+        if not message.startswith("unrecognized arguments: --") or not words:
+            return None
+        typed = words[0].partition("=")[0].replace("_", "-")
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        near = difflib.get_close_matches(typed, options, n=2, cutoff=0.75)  # `--prot`: --root or --port
+        return " or ".join(near) or None
 
 
 def at_least(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:

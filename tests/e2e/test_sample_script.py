@@ -271,6 +271,11 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
         (["RUN", "x", "seed=99999999999999999999"], "seed=99999999999999999999 is invalid"),
         (["RUN", "x", "--seed", "7.5"], "argument --seed: invalid int value: '7.5'"),
         (["RUN", "x", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        # Defect: a misspelt option was told about prompts that start with '-', with no suggestion
+        (
+            ["RUN", "x", "--temprature", "0.5"],
+            r"unrecognized arguments: --temprature 0.5 \(did you mean --temperature\?\)",
+        ),
         (["RUN", "-x"], r"unrecognized arguments: -x; a prompt that starts with '-' goes last, after --"),
         # Defect: a prompt typed without its quotes was told about prompts that start with '-'
         (["RUN", "ROMEO:", "hi"], r"unrecognized arguments: hi; the prompt is one argument: quote it whole"),
