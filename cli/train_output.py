@@ -251,7 +251,9 @@ def how_far(out_dir: Path) -> dict[str, Any] | None:
         meta, _ = read_header(latest)
         config = meta["config"]
         far = {k: meta[k] for k in ("step", "elapsed_s")} | {k: config[k] for k in END_KEYS}
-        return far | {"prompt": DEMO_PROMPT if encodes(meta["tokenizer"], DEMO_PROMPT) else ""}
+        # "ROMEO:" is a line of Shakespeare's, not of your own corpus (where a BPE encodes it all the same)
+        shakespeare = (config.get("data") or {}).get("source", "shakespeare") == "shakespeare"
+        return far | {"prompt": DEMO_PROMPT if shakespeare and encodes(meta["tokenizer"], DEMO_PROMPT) else ""}
     except Exception:  # safetensors raises several types for a damaged file: the generic line then
         return None
 
@@ -354,7 +356,8 @@ class SweepHint(Callback):
             finished = done - (self.at_a_time - 1) / 2
             left = (time.perf_counter() - self.started) / finished * (self.jobs - finished)
             eta = f", about {left / 60:.0f} min left" if left >= 60 else f", about {left:.0f} s left"
-        print(f"job {done + 1} of {self.jobs}: {config.hydra.job.override_dirname or 'defaults'}{eta}", file=sys.stderr)
+        own = " ".join(config.hydra.overrides.task) or "defaults"  # as typed: override_dirname joins them with commas
+        print(f"job {done + 1} of {self.jobs}: {own}{eta}", file=sys.stderr)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print(sweep_hint(**SweepHint.sweep), file=sys.stderr)

@@ -121,7 +121,9 @@ def test_with_two_jobs_at_once_the_pace_counts_the_running_one_half_done(capsys,
     monkeypatch.setattr(train_output.time, "perf_counter", lambda: next(clock))
     hint.on_multirun_start(OmegaConf.create({"hydra": start}))
     for num in (0, 1, 2):
-        hint.on_job_start(OmegaConf.create({"hydra": {"job": {"num": num, "override_dirname": f"seed={num + 1}"}}}))
+        hint.on_job_start(
+            OmegaConf.create({"hydra": {"job": {"num": num}, "overrides": {"task": [f"seed={num + 1}"]}}})
+        )
     # 1.5 jobs done in 60 s (one finished, one half): 40 s a job, 4.5 jobs to go
     assert capsys.readouterr().err.splitlines() == [
         "job 1 of 6: seed=1",
