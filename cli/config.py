@@ -133,6 +133,8 @@ def composition_error(e: Exception) -> str:
         key, _, value = override.partition("=")
         if "is not a valid bool" in why:
             why += "; give true or false"
+        elif value.lower() in ("none", "nil") and "could not be converted" in why:  # sample.py's REPL says none
+            why += "; Hydra's none is null: give null"
         elif "is not a ListConfig, list or tuple" in why:  # data.files=/my/file.txt
             why = f"{why.rstrip('.')}; give a list: {shell_quote(f'{key}=[{value}]')}"
         return f"{override}: {why}"

@@ -243,6 +243,8 @@ def test_the_newest_run_that_resume_auto_points_at_continues_as_pasted(corpus_ar
         ("device=meta", r"device='meta' is invalid; use auto, cpu, cuda, cuda:N or mps$"),
         # these named neither the key nor what it takes
         ("compile=maybe", r"compile=maybe: Value 'maybe' is not a valid bool \(type str\); give true or false$"),
+        # sample.py's REPL writes none; Hydra's type error did not say null
+        ("budget_s=none", r"budget_s=none: Value 'none' .* to Float; Hydra's none is null: give null$"),
         (
             "data.files=/x.txt",
             r"data.files=/x.txt: .* is not a ListConfig, list or tuple; give a list: 'data.files=\[/x.txt\]'$",
