@@ -70,7 +70,9 @@ def main(cfg: DictConfig) -> float | None:
             )  # fmt: skip
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
-        if e.finished:
+        if not info.is_main:  # every rank stopped at the same step: one says so
+            pass
+        elif e.finished:
             log.warning("%s", e)
         else:
             log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))

@@ -117,6 +117,7 @@ def start_records(trainer: Trainer) -> None:
     shape |= {"train_block_size": cfg.model.train_length}
     shape |= {"params_non_embedding": model.num_params(exclude_embeddings=True)}
     shape |= {"flops_per_token": model.flops_per_token(), "tokens_per_step": trainer.tokens_per_step}
+    shape |= {"world_size": trainer.dist.world_size, "threads": torch.get_num_threads()}  # what tokens/s and MFU count
 
     def start() -> None:
         peak = peak_flops(trainer.device, trainer.precision) * trainer.dist.world_size
@@ -160,10 +161,13 @@ def run_header(trainer: Trainer) -> str:
     start = f", resumed at step {trainer.state.step}" if trainer.state.step else ""
     context = f" (context {m.block_size})" if m.train_length < m.block_size else ""  # train short, score long
     heads = f"{m.n_head} {'head' if m.n_head == 1 else 'heads'} x d_k {m.head_dim}"
+    ranks = trainer.dist.world_size
+    processes = f" x {ranks} processes ({cfg.distributed.strategy})" if ranks > 1 else ""  # tokens/s are all of theirs
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
         f"{heads}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
-        f"({m.vocab_size} tokens) | {trainer.device} {trainer.precision}{' compiled' if trainer.compiled else ''} | "
+        f"({m.vocab_size} tokens) | {trainer.device}{processes} {trainer.precision}"
+        f"{' compiled' if trainer.compiled else ''} | "
         f"{' or '.join(e for e in ends if e)}, "
         f"{trainer.tokens_per_step:,} tokens/step in sequences of {m.train_length}{context}{start}\n"
         f"run directory {cfg.out_dir} (full config: config.yaml)"

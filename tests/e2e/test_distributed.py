@@ -203,6 +203,9 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(tiny_run_ov
         assert two[step] == pytest.approx(reference[step], abs=1e-5), step
     assert proc.stdout.count("--- sample ---") == 1  # rank 0 alone samples and logs
     assert (proc.stdout + proc.stderr).count("(full config: config.yaml)") == 1  # the header, once: rank 0 logs
+    # Defect: nothing in a run said how many processes made its tokens/s (the header read as one process's)
+    assert f"| cpu x 2 processes ({strategy}) fp32 |" in proc.stdout + proc.stderr
+    assert json.loads((run_dirs[0] / "run_info.json").read_text())["world_size"] == 2
 
     # The 2-process checkpoint is a plain one: sampling loads it, a 1-process run continues it exactly.
     checkpoints = run_dirs[0] / "checkpoints"
@@ -270,7 +273,7 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_saved_step(tiny_run_overrid
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert "stopped by SIGTERM after step" in stderr.decode()
+    assert stderr.decode().count("stopped by SIGTERM after step") == 1  # Defect: once per rank
     saved = sorted((tmp_path / "two" / "checkpoints").glob("step_*.safetensors"))
     assert len(saved) == 1
     stopped_at = load_checkpoint(saved[0]).meta["step"]
