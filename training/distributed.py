@@ -55,7 +55,26 @@ class DistInfo:
 
 
 class RankFailed(RuntimeError):
-    """Raised on the other ranks when rank 0 failed in work only it does (saving, sampling)."""
+    """Raised on the other ranks when rank 0 failed in work only it does (saving, sampling), or on every rank
+    that finds another gone (`lost_peer`)."""
+
+
+# What gloo and NCCL say when another rank's process died mid-collective (the OOM killer, a kill -9)
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def lost_peer(e: BaseException, info: DistInfo) -> RankFailed | None:
+    """The one-line error for a collective that failed because another process of the run died, else None (the
+    gloo error came as a traceback, twice, and without what to do)."""
+    if info.world_size == 1 or not isinstance(e, RuntimeError) or isinstance(e, RankFailed):
+        return None
+    signs = [sign for sign in PEER_LOST if sign in str(e)]
+    if not signs:
+        return None
+    return RankFailed(
+        f"rank {info.rank}: another process of this run stopped mid-step ({signs[0]}); every step up to the newest "
+        "checkpoint is kept: continue with resume=auto"
+    )
 
 
 def env_info() -> DistInfo:

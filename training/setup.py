@@ -63,7 +63,12 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
             warn_if_dropout_across_ranks(cfg, dist)
             if resumed is not None:
                 restore_rng_state(resumed)  # last, so no set-up above draws from the restored streams
-            metrics = trainer.fit(stop)
+            try:
+                metrics = trainer.fit(stop)
+            except RuntimeError as e:  # a rank that died (OOM killer, kill -9) fails the others' collective
+                if lost := distributed.lost_peer(e, dist):
+                    raise lost from None
+                raise
         run.close()
         try:
             if dist.is_main:

@@ -303,3 +303,26 @@ def test_several_processes_with_dropout_say_they_match_one_in_distribution_only(
         warn_if_dropout_across_ranks(cfg, DistInfo(rank=0, world_size=2))
     (record,) = caplog.records
     assert record.getMessage().startswith("with dropout (model.dropout=0.1, attention 0.1), 2 processes draw other")
+
+
+def test_a_collective_failed_by_a_dead_rank_is_one_line_that_says_so_even_under_torchruns_sigterm(capsys):
+    # Defect: after one rank was killed (OOM killer, kill -9), rank 0 printed gloo's traceback twice, or, once
+    # torchrun's SIGTERM arrived during the unwinding, "stopped by SIGTERM outside the training loop".
+    from cli.errors import stop_outside_the_loop
+    from training.distributed import DistInfo, RankFailed, lost_peer
+
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:27533: Connection reset by peer")
+    two = DistInfo(rank=0, local_rank=0, world_size=2)
+    lost = lost_peer(gloo, two)
+    assert isinstance(lost, RankFailed) and str(lost) == (
+        "rank 0: another process of this run stopped mid-step (Connection reset by peer); every step up to the "
+        "newest checkpoint is kept: continue with resume=auto"
+    )
+    assert lost_peer(gloo, DistInfo()) is None and lost_peer(RuntimeError("shape mismatch"), two) is None
+    try:
+        raise lost
+    except RankFailed:
+        with pytest.raises(SystemExit) as stopped:  # the SIGTERM while that error unwinds
+            stop_outside_the_loop(signal.SIGTERM, None)
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err == f"error: {lost}\n"
