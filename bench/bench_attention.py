@@ -48,10 +48,19 @@ def time_fwd_bwd(fn, shape: tuple[int, ...], dtype: torch.dtype, repeats: int) -
 def main() -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--tokens", type=at_least(1), default=8192, help="B * T for every row (the default run's batch)"
+        "--tokens",
+        type=at_least(1),
+        default=8192,
+        help="B * T for every row (default 8192: 32 sequences x 256 tokens, TrainConfig's and GPTConfig's defaults; "
+        "the default run steps 12 x 128)",
     )
     parser.add_argument("--heads", type=at_least(1), default=4)
-    parser.add_argument("--head-dim", type=at_least(1), default=64)
+    parser.add_argument(
+        "--head-dim",
+        type=at_least(1),
+        default=64,
+        help="d_k (default 64: GPTConfig's d_model 256 / 4 heads; the default run's model has 32)",
+    )
     parser.add_argument("--lengths", type=at_least(1), nargs="*", default=[64, 128, 256, 512, 1024, 2048])
     parser.add_argument("--dtypes", nargs="*", default=["bf16", "fp32"], choices=list(DTYPES))
     parser.add_argument("--repeats", type=at_least(1), default=7)

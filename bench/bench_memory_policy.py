@@ -5,8 +5,9 @@
 
 glibc's policy is process-wide and cannot be undone, so each measurement is a fresh child process: the
 two policies alternate, round after round, and the table gives the median over rounds of each process's
-median step time, with its page faults a step. A child builds the Trainer exactly as train.py does; for
-glibc's own policy it replaces keep_freed_memory with a no-op first. Run it on a quiet machine.
+median step time, with its page faults a step. A child builds a Trainer from the config train.py would compose,
+on the CPU, and steps it eager: it never calls Trainer.prepare, so compile: true does not compile. For glibc's own
+policy it replaces keep_freed_memory with a no-op first. Run it on a quiet machine.
 """
 
 import argparse

@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["default", "nanogpt_baby"],
         metavar="RECIPE",
-        help=f"default: the headline pair; any of {', '.join(sorted(RECIPES))} or a --define'd name",
+        help="default: default nanogpt_baby (the README's headline table is --recipes default nanochat_cpu "
+        f"--reference nanochat_cpu); any of {', '.join(sorted(RECIPES))} or a --define'd name",
     )
     parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[1337])
     parser.add_argument(

@@ -1,12 +1,15 @@
 """Benchmark the attention/position variants side by side: training tokens/s, KV-cache bytes per
 token, cached decoding tokens/s.
 
-    python -m bench.bench_variants                       # the default model shape (small.yaml)
+    python -m bench.bench_variants                       # d_model 256, block_size 256, batch 8
     python -m bench.bench_variants --d-model 128 --block-size 128 --batch-size 16
 
-Every variant is the same shape (4 layers, 4 heads) with random weights. A training step is the
-trainer's own step (Trainer.step: forward, backward, clipping, guard, optimizer) under the precision
-train.py would pick (bf16 on CPUs that have it), on the default data.
+Every variant starts from GPTConfig's own defaults (4 layers, 4 heads, learned positions, a tied LM head),
+not the default run's model (configs/model/small.yaml), and has random weights; --d-model and --block-size
+set its width and context, and the first line printed gives the shape. A training step is the trainer's own
+step (Trainer.step: forward, backward, clipping, guard, optimizer) with TrainConfig's defaults (AdamW, eager:
+no torch.compile) under the precision train.py would pick (bf16 on CPUs that have it), on TrainConfig's data:
+Shakespeare's complete works in characters, not the default run's BPE.
 The variants take turns (round robin, `--rounds` times), so a load spike on a shared machine
 hits them alike; each figure is a median. KV bytes/token (model.kv_cache.kv_bytes_per_token) =
 2 (K and V) x n_layer x n_kv_head x d_k, or for MLA n_layer x (latent + rope key), x the cache's element
@@ -111,8 +114,10 @@ def main() -> None:
 
     tokens = args.batch_size * args.block_size
     base = statistics.median(step_s["learned (GPT-2)"])
+    shape = models["learned (GPT-2)"].config  # every variant's shape: its overrides leave these alone
     print(
-        f"d_model {args.d_model}, 4 layers, 4 heads, block_size {args.block_size}, batch {args.batch_size}, "
+        f"d_model {shape.d_model}, {shape.n_layer} layers, {shape.n_head} heads, block_size {shape.block_size}, "
+        f"batch {args.batch_size}, "
         f"{device} ({device_name(device)}) {precision}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     columns = ("params", "train tok/s", "vs GPT-2", "KV B/token", "decode tok/s")

@@ -1,7 +1,9 @@
 """Exact weight conversion between our GPT and Hugging Face transformers' `GPT2LMHeadModel`.
 
-Our default GPT is GPT-2's architecture with other names: learned positions, pre-LayerNorm
-blocks (eps 1e-5), fused Q|K|V projection, GELU in its tanh form ("gelu_new"), tied LM head. Only
+GPTConfig's own defaults (and `model=gpt2`) are GPT-2's architecture with other names: learned positions,
+pre-LayerNorm blocks (eps 1e-5), fused Q|K|V projection, GELU in its tanh form ("gelu_new"), tied LM head.
+The default run's model (configs/model/small.yaml: RoPE, QK-norm, gated attention, an untied head) is not,
+and its export is refused with the settings that differ. For a GPT-2-shaped model only
 two things differ in the tensors: the names, and GPT-2's `Conv1D` stores its weight as
 (in, out), the transpose of `nn.Linear`'s (out, in). A model without biases exports with zero
 biases, which computes the same function. An export proves itself rather than trusting a list of knobs:

@@ -365,10 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     imp = commands.add_parser("import", help="HF GPT-2 directory (safetensors) -> our checkpoint")
     imp.add_argument("hf_dir")
     imp.add_argument("checkpoint", help="the .safetensors file to write (refused if it exists)")
-    for sub in (export, imp):
-        sub.add_argument(
-            "--force", action="store_true", help="replace an existing target (written beside, then renamed)"
-        )
+    written = "written beside, then renamed"
+    export.add_argument(
+        "--force", action="store_true", help=f"replace an earlier export only (a folder this script wrote); {written}"
+    )
+    imp.add_argument(
+        "--force", action="store_true", help=f"replace an earlier import only, not a run's checkpoint; {written}"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
