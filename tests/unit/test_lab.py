@@ -440,7 +440,7 @@ def test_lab_script_reports_a_bad_checkpoint_or_port_in_one_line(tmp_path, capsy
     bad = {
         ("--port", "99999"): "error: --port 99999 is invalid; it must be 0 to 65535 (0 = a free one) (see --help)",
         ("--port", "abc"): "error: argument --port: invalid int value: 'abc' (see --help)",
-        ("--hots", "x"): "error: unrecognized arguments: --hots x (see --help)",
+        ("--hots", "x"): "error: unrecognized arguments: --hots x (did you mean --host?) (see --help)",
         ("--device", "gpu"): "error: device='gpu' is invalid; use auto, cpu, cuda, cuda:N or mps (see --help)",
         # 10^5 threads crashed in OpenMP (segfault, no message)
         ("--threads", "100000"): f"error: argument --threads: 100000 is invalid; it must be an integer from 1 to "
