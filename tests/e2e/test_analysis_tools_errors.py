@@ -68,8 +68,8 @@ def char_checkpoint(tmp_path: Path) -> Path:
     [
         (["--device", "bogus"], r"device='bogus' is invalid; use auto, cpu, cuda, cuda:N or mps \(see --help\)$"),
         (["--text", "bin.txt"], r"--text 'bin.txt' is not UTF-8 text \(byte 4\)$"),
-        (["--tokens", "10"], r"--tokens 10 is less than one batch of 8 windows of block_size 16; give at least 128$"),
-        (["--tokens", "10", "--text", "t.txt"], r"--tokens 10 is less than one window of block_size 16; give at least"),
+        (["--tokens", "10"], r"--tokens 10 is less than one batch of 8 windows of 16 tokens; give at least 128$"),
+        (["--tokens", "10", "--text", "t.txt"], r"--tokens 10 is less than one window of 16 tokens; give at least"),
     ],
 )
 def test_head_importance_bad_device_text_and_tokens_are_one_line(tmp_path, args, message):
