@@ -307,7 +307,12 @@ def read_steps(path: Path, args: argparse.Namespace, parser: argparse.ArgumentPa
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=float, default=300.0, help="whole-process seconds per run")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=300.0,
+        help=f"whole-process seconds per run: budget_s is this less {STARTUP_S} s for start-up (imports, data, set-up)",
+    )
     parser.add_argument(
         "--recipes",
         nargs="+",
@@ -432,7 +437,9 @@ def checked_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     configs = {}
     for name in args.recipes:
         try:
-            configs[name] = load_config([*RECIPES[name], *args.overrides])
+            # as each run gets it: its length set by the comparison (a recipe's max_steps=null was refused alone)
+            length = [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"]
+            configs[name] = load_config([*RECIPES[name], *args.overrides, *length])
         except ValueError as e:
             parser.error(f"recipe {name}: {e}")
     chosen = [f for f, v in (("--time-only", args.time_only), ("--steps-from", args.steps_from)) if v]
