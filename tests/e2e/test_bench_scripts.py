@@ -269,8 +269,10 @@ def test_bench_train_refuses_a_bad_value_in_one_line_before_measuring(args):
         # Defect: each of these failed with a traceback after the runs had trained (--json's rows lost)
         (["--seeds", "1", "1"], "--seeds gives 1 twice; give each seed once"),
         # Defect: a recipe's max_steps=null was refused ("both null"), though every run gets its budget_s from here
-        (["--define", "t: +debug=tiny max_steps=null", "--recipes", "t", "--reference", "t", "--seeds", "1", "1"],
-         "--seeds gives 1 twice"),  # fmt: skip
+        (
+            ["--define", "t: +debug=tiny max_steps=null", "--recipes", "t", "--reference", "t", "--seeds", "1", "1"],
+            "--seeds gives 1 twice",
+        ),
         (["--json", "tests"], "--json 'tests' is not a file in an existing folder; give FILE.json"),
         (["--keep", "README.md"], "--keep 'README.md' is a file; give a folder for the runs"),
     ],
