@@ -81,7 +81,15 @@ def score_run(
     results |= {key: [] for key in PER_HEAD}
     first, batches = None, []
     for step, path in checkpoints:
-        trained = load_trained(path, device)
+        try:
+            trained = load_trained(path, device)
+        except FileNotFoundError:
+            if path.exists() or path.is_symlink():
+                raise
+            # listed, then rotated away by the live run (it keeps its newest keep_last): "does not exist; give
+            # a checkpoint file or a run directory" blamed the path the user gave
+            log.warning("%s was removed by the run while this measured its checkpoints; skipped", path.name)
+            continue
         if first is None:  # the windows are the first checkpoint's, and every other is checked against it
             first, batches = trained, val_windows(trained, tokens, text)
         check_same_model(first, trained)
@@ -91,7 +99,8 @@ def score_run(
         for key in ("base_loss", *PER_HEAD):
             results[key].append(scores[key])
         log.info("%s: %.4f nats with every head on", path.name, scores["base_loss"])
-    assert first is not None, "no checkpoints given; step_checkpoints gives at least one"
+    if first is None:
+        raise FileNotFoundError(f"every step checkpoint of {run} was removed while it was read; try again")
     c = first.model.config
     results["shape"] = {"n_layer": c.n_layer, "n_head": c.n_head}
     results["tokens"] = sum(x.numel() for x, _ in batches)
