@@ -21,8 +21,8 @@ FULL_VAL = "full_val.json"
 
 
 def score_checkpoint(path: Path) -> dict:
-    """{"val/loss": nats per token, "val/bpb": bits per byte, "params": n, "data": its data config} of one
-    checkpoint file."""
+    """{"val/loss": nats per token, "val/bpb": bits per byte, "params": n, "data": its data config, "step": its
+    step} of one checkpoint file."""
     model, ckpt = load_model(path)
     config = ckpt.meta["config"]
     data = prepare(DataConfig(**config["data"]), progress=False)
@@ -34,7 +34,8 @@ def score_checkpoint(path: Path) -> dict:
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(config.get("precision", "auto"), device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
-    return {"val/loss": loss, "val/bpb": data.bits_per_byte(loss), "params": model.num_params(), "data": config["data"]}
+    scored = {"val/loss": loss, "val/bpb": data.bits_per_byte(loss), "params": model.num_params()}
+    return scored | {"data": config["data"], "step": ckpt.meta.get("step")}
 
 
 def checkpoint_stamp(path: Path) -> dict:

@@ -196,12 +196,16 @@ def score(run: Path) -> dict:
     result = score_checkpoint(path)
     best = classical.floor(baselines(DataConfig(**result["data"])))
     floor = {"floor": best["compressor"], "floor_bpb": best["bits_per_byte"]} if best else {"floor_bpb": None}
-    return {"params": result["params"], "val_loss": result["val/loss"], "val_bpb": result["val/bpb"]} | floor
+    which = {"checkpoint": str(path), "step": result["step"]}  # a live run's best moves on between two scores
+    return which | {"params": result["params"], "val_loss": result["val/loss"], "val_bpb": result["val/bpb"]} | floor
 
 
 def score_line(run: Path, scored: dict) -> str:
-    """--score's result in words: the model's figure and the classical floor beside it."""
-    line = f"{run}: {scored['val_bpb']:.4f} bits/byte on every held-out token ({scored['val_loss']:.4f} nats/token)"
+    """--score's result in words: the model's figure (and which checkpoint) and the classical floor beside it."""
+    which = f" ({Path(scored['checkpoint']).name}, step {scored['step']})"
+    line = (
+        f"{run}{which}: {scored['val_bpb']:.4f} bits/byte on every held-out token ({scored['val_loss']:.4f} nats/token)"
+    )
     if scored["floor_bpb"] is None:
         return f"{line}; no classical floor (--classical says why)"
     gap = scored["val_bpb"] - scored["floor_bpb"]

@@ -221,7 +221,10 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
     assert by_run.stdout == by_file.stdout and '"val_bpb"' in by_file.stdout
     scored = json.loads(by_file.stdout)
     assert scored["floor"] in classical.COMPRESSORS and 0 < scored["floor_bpb"] < 8  # the floor beside the figure
-    words = f"{best}: {scored['val_bpb']:.4f} bits/byte on every held-out token ({scored['val_loss']:.4f} nats/token); "
+    # Defect: nothing said which checkpoint was scored: two scores of a live run differed without a word why
+    assert scored["checkpoint"] == str(best) and scored["step"] == 2
+    words = f"{best} (best.safetensors, step 2): {scored['val_bpb']:.4f} bits/byte on every held-out token "
+    words += f"({scored['val_loss']:.4f} nats/token); "
     gap = scored["val_bpb"] - scored["floor_bpb"]
     words += f"{scored['floor']} primed with the train text {scored['floor_bpb']:.4f} ({gap:+.4f})"
     assert by_file.stderr.splitlines() == [words]  # the same figures, for a person, and nothing else
