@@ -123,6 +123,12 @@ if __name__ == "__main__":
     except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
         if cli.SweepHint.sweep:  # Hydra raises it once the sweep's other jobs have run
             print(cli.sweep_hint(**cli.SweepHint.sweep, failed=True), file=sys.stderr)
+            if isinstance(e, JobFailed) and e.stopped:  # killed: its checkpoints continue it
+                sweep_dir = str(Path(cli.SweepHint.sweep["sweep_dir"]).absolute())
+                print(
+                    f"  continue the whole sweep: {cli.sweep_continue_command(sweep_dir, sys.argv[1:])}",
+                    file=sys.stderr,
+                )
         exit_with_error(e)
     except KeyboardInterrupt:  # during start-up (a run dir made for it is gone again) or a second Ctrl-C
         print("interrupted", file=sys.stderr)

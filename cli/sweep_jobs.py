@@ -48,7 +48,12 @@ KILL_AFTER_S = 30.0  # a job that has not stopped this long after SIGTERM (the l
 
 
 class JobFailed(RuntimeError):
-    """A sweep job failed; the message is the job's own one-line error."""
+    """A sweep job failed; the message is the job's own one-line error. `stopped`: its process ended before the
+    job could say why (a kill, the OOM killer), so resume=auto continues it from its newest checkpoint."""
+
+    def __init__(self, message: str, stopped: bool = False) -> None:
+        super().__init__(message)
+        self.stopped = stopped
 
 
 def jobs_at_a_time(jobs: int | None) -> int:
@@ -193,14 +198,16 @@ def job_return(job: Job) -> JobReturn:
     ret = JobReturn(overrides=list(config.hydra.overrides.task), working_dir=os.getcwd())
     ret.cfg, ret.hydra_cfg = without_hydra(config), OmegaConf.masked_copy(config, "hydra")
     ret.task_name = config.hydra.job.name
+    stopped = False
     try:
         outcome = json.loads(job.result.read_text())
     except (OSError, ValueError):
-        code = job.process.returncode
+        code, stopped = job.process.returncode, True
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        outcome = {"error": f"{job.name} ({config.hydra.job.override_dirname}) {how} before it finished"}
+        own = " ".join(config.hydra.overrides.task)  # as typed: override_dirname joins them with commas
+        outcome = {"error": f"{job.name} ({own}) {how} before it finished"}
     ret.status = JobStatus.FAILED if outcome["error"] else JobStatus.COMPLETED
-    ret.return_value = JobFailed(outcome["error"]) if outcome["error"] else outcome.get("value")
+    ret.return_value = JobFailed(outcome["error"], stopped) if outcome["error"] else outcome.get("value")
     return ret
 
 

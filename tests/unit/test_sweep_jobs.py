@@ -97,14 +97,16 @@ def test_a_finished_jobs_return_is_its_value_or_its_one_line_error(tmp_path):
         finished_job(tmp_path, "raise SystemExit(1)", {"error": "model.n_head=3 is bad", "value": None})
     )
     assert failed.status == JobStatus.FAILED
-    with pytest.raises(JobFailed, match=r"^model.n_head=3 is bad$"):
+    with pytest.raises(JobFailed, match=r"^model.n_head=3 is bad$") as refused:
         _ = failed.return_value  # what Hydra's sweeper reads, and raises, once every job has run
+    assert not refused.value.stopped
 
 
 def test_a_job_that_dies_without_a_word_fails_with_how_it_ended(tmp_path):
     killed = job_return(finished_job(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", None))
-    with pytest.raises(JobFailed, match=r"^job 1 \(seed=3\) was killed by SIGKILL before it finished$"):
+    with pytest.raises(JobFailed, match=r"^job 1 \(seed=3\) was killed by SIGKILL before it finished$") as died:
         _ = killed.return_value
+    assert died.value.stopped  # resume=auto continues it: train.py prints the sweep's continue command
     crashed = job_return(finished_job(tmp_path, "raise SystemExit(3)", None))
     with pytest.raises(JobFailed, match=r"^job 1 \(seed=3\) exited with code 3 before it finished$"):
         _ = crashed.return_value
