@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 
 from analysis.report import compared_metric
 from analysis.stats import CONFIDENCE, Interval, t_interval
-from analysis.sweep import CRASHED, INTERRUPTED, Cell, Run, sort_key
+from analysis.sweep import CRASHED, INTERRUPTED, RUNNING, Cell, Run, sort_key
 
 
 def save(fig, path: Path) -> Path:
@@ -31,9 +31,9 @@ def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
             steps, losses = zip(*run.val_curve, strict=True) if run.val_curve else ((), ())
             ax.plot(steps, losses, color=color, lw=1.2, alpha=0.9, label=cell.label() if i == 0 else None, marker=".")
     for run in runs:
-        if run.status in (CRASHED, INTERRUPTED) and run.val_curve:
+        if run.status in (CRASHED, INTERRUPTED, RUNNING) and run.val_curve:
             steps, losses = zip(*run.val_curve, strict=True)
-            how = "interrupted" if run.status == INTERRUPTED else "crashed"
+            how = {INTERRUPTED: "interrupted", RUNNING: "running"}.get(run.status, "crashed")
             ax.plot(steps, losses, color="red", ls="--", lw=1, marker=".", label=f"{how}: {run.path.name}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")

@@ -25,11 +25,12 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rundir.files import METRICS, RUN_INFO, SUMMARY
+from rundir.files import METRICS, RUN_INFO, SUMMARY, live_run_in
 from rundir.records import flatten
 
 COMPLETED, CRASHED, FAILED_AT_START = "completed", "crashed or unfinished", "failed before training"
 INTERRUPTED = "interrupted at a saved step (resume=auto continues it)"  # Ctrl-C, SIGTERM: said in its train.log
+RUNNING = "still running"  # a live process holds its lock: a report of a sweep under way
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
 NONFINITE = "completed with a non-finite val/loss"  # a NaN or inf is no result: no mean or interval holds it
 
@@ -272,6 +273,8 @@ def read_run(run_dir: Path) -> Run:
         lines = log_lines(run_dir / "train.log")
         stop = stopped_by_signal(lines) if run.status == CRASHED else None  # a clean stop, not a crash
         run.status, run.error = (INTERRUPTED, stop) if stop else (run.status, last_error(lines))
+        if run.status == CRASHED and (live := live_run_in(run_dir)):  # it read as crashed while it trained
+            run.status, run.error = RUNNING, live.partition(" is in use by a live run ")[2].partition("; wait")[0]
     return run
 
 

@@ -2,6 +2,7 @@
 comparisons in words, and runs whose records are bad or cut short."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from analysis.sweep import (
     INTERRUPTED,
     NO_VAL_LOSS,
     NONFINITE,
+    RUNNING,
     UNREADABLE,
     find_runs,
     group_cells,
@@ -160,6 +162,23 @@ def test_a_run_stopped_by_a_signal_at_a_saved_step_is_interrupted_not_crashed(tm
     assert runs["crashed"].status == CRASHED  # a stop that was not the last thing logged
     report = write_report(tmp_path, tmp_path / "out").read_text()
     assert f"| stopped | 0.01 | 3 | {INTERRUPTED} | 10 | stopped by SIGINT after step 12; saved RUN/step_12 |" in report
+
+
+def test_a_run_still_training_is_listed_as_running_not_crashed(tmp_path):
+    # Defect: the report of a sweep under way called its live jobs "crashed or unfinished"
+    from rundir.files import RunLock
+
+    lr_sweep(tmp_path)
+    live = write_fake_run(tmp_path / "live", config(3, "c", lr=1e-2), None)
+    lock = RunLock(live).acquire()
+    try:
+        runs = {r.path.name: r for r in find_runs(tmp_path)}
+        assert runs["live"].status == RUNNING and runs["live"].error.startswith(f"(pid {os.getpid()}: ")
+        report = write_report(tmp_path, tmp_path / "out").read_text()
+        assert f"| live | 0.01 | 3 | {RUNNING} | 10 | (pid {os.getpid()}: " in report
+    finally:
+        lock.release()
+    assert {r.path.name: r.status for r in find_runs(tmp_path)}["live"] == CRASHED  # its process gone
 
 
 def test_a_summary_without_val_loss_takes_the_last_logged_evaluation(tmp_path):
