@@ -33,6 +33,7 @@ import zstandard
 from data.config import DataConfig, resolve_cache_dir
 from data.prepare import FORMAT_VERSION, fingerprint, split_chunks
 from data.sources import load_documents, source_identity
+from rundir.files import atomic_write_bytes
 
 PPMD_ORDERS = range(6, 17)
 # Room for every context of the 4.4 MB Shakespeare train text: with 16 MiB, order 16 runs out, restarts its
@@ -145,10 +146,7 @@ def baselines(cfg: DataConfig, meta: dict, cpu: str) -> dict:
         "val_documents": len(docs),
         "rows": rows,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, path)  # atomic: a concurrent scorer reads no file or a whole one
+    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())  # a concurrent scorer: none or whole
     return result
 
 
