@@ -101,6 +101,11 @@ class SamplingParams:
 MAX_THREADS_PER_CORE = 8  # a --threads bound: far past any gain (one per core helps most), short of OpenMP's crash
 
 
+def max_threads() -> int:
+    """The most torch threads a tool takes (--threads): MAX_THREADS_PER_CORE per core of this machine."""
+    return MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
 def check_int(name: str, value: object, low: int, high: int | None = None, rule: str = "") -> None:
     """Raise ValueError unless `value` is an int in [low, high]."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)

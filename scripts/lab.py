@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the
 
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least, check_device_option
-from generation.generate import MAX_THREADS_PER_CORE
+from generation.generate import MAX_THREADS_PER_CORE, max_threads
 from lab.server import is_loopback, make_server, url_of
 from lab.session import LabSession
 
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", help="the folder whose runs and checkpoints the page may open (default: the run's)")
     parser.add_argument(
         "--threads",
-        type=at_least(1, MAX_THREADS_PER_CORE * (os.cpu_count() or 1), f" ({MAX_THREADS_PER_CORE} per core)"),
+        type=at_least(1, max_threads(), f" ({MAX_THREADS_PER_CORE} per core)"),
         help="torch CPU threads for sampling (default: 1 for a small model, unless OMP_NUM_THREADS is set)",
     )
     args = parser.parse_args(argv)

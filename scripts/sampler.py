@@ -6,7 +6,6 @@ if __name__ == "__main__":  # a module: run as a file, its first import of its o
     raise SystemExit("error: scripts/sampler.py is a module of scripts/sample.py; run: python scripts/sample.py --help")
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -20,6 +19,7 @@ from generation.generate import (
     check_int,
     decode_threads,
     encode_prompt,
+    max_threads,
     stream_text,
     torch_threads,
 )
@@ -52,7 +52,7 @@ class SampleConfig:
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples} is invalid; it must be >= 1")
         if self.threads is not None:  # 10^5 crashed in OpenMP (a segfault, no message)
-            most = MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+            most = max_threads()
             rule = f"it must be 1 to {most}, {MAX_THREADS_PER_CORE} per core (or none)"
             check_int("threads", self.threads, 1, most, rule)
 
