@@ -77,6 +77,17 @@ def test_groups_by_role_cover_every_parameter_once(tie):
     assert [p is model.lm_head.weight for p in groups["head"]] == ([] if tie else [True])
 
 
+@pytest.mark.parametrize("tie,head_lr", [(True, None), (True, 0.002), (False, None)])
+def test_a_tied_head_takes_the_heads_lr_not_the_embeddings(tie, head_lr):
+    # Defect: a tied GPT-2 (+debug=tiny model=gpt2) trained its table, which is also the output layer, at the
+    # embeddings' 0.3: the val loss rose above uniform (7.7 -> 9.3 nats, ln 4096 = 8.3) and stayed there.
+    model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": tie}))
+    cfg = OptimConfig(optimizer="muon", lr=0.003, embedding_lr=0.3, head_lr=head_lr)
+    scales = {g["role"]: g["lr_scale"] for g in build_optimizer(model, cfg, "cpu").param_groups}
+    expected = (head_lr or cfg.lr) / cfg.lr if tie else 0.3 / cfg.lr
+    assert scales["embedding"] == pytest.approx(expected)
+
+
 def test_a_bare_matrix_parameter_is_adamws_without_decay_not_muons():
     # A variant's own (H, H) mix of heads, a bare 2-D parameter starting as the identity, went to Muon, whose
     # weight decay pulled it towards zero: only nn.Linear weights are Muon's.
