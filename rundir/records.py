@@ -237,6 +237,8 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
         raise FileNotFoundError(f"{str(run_dir)!r} is a file; give the run directory that holds {METRICS}")
     if target := missing_target(Path(run_dir)):  # outputs/latest after its run went
         raise FileNotFoundError(f"{str(run_dir)!r} is a symlink to {target}, which is missing")
+    if not Path(run_dir).exists():  # as sample.py and the lab say it (it read "not a run directory")
+        raise FileNotFoundError(f"{str(run_dir)!r} does not exist; give a run directory")
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (it has no {METRICS})")
     try:

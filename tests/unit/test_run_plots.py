@@ -71,7 +71,7 @@ def test_cli_writes_into_the_run_by_default_and_says_where(tmp_path, capsys):
     "args,message",
     [
         (["TMP/empty"], r"^error: '.*empty' is not a run directory \(it has no metrics.jsonl\)$"),
-        (["TMP/run", "TMP/nowhere"], r"^error: '.*nowhere' is not a run directory"),
+        (["TMP/run", "TMP/nowhere"], r"^error: '.*nowhere' does not exist; give a run directory$"),
         # was "--out 'TMP/notes.txt/plots.png' cannot be written", an --out never given
         (["TMP/notes.txt"], r"^error: '.*notes.txt' is a file; give the run directory that holds metrics.jsonl$"),
         (["TMP/run", "--out", "TMP/empty"], r"^error: --out '.*empty' is a directory; give a file path"),
