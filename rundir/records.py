@@ -15,6 +15,7 @@ import math
 import netrc
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -182,7 +183,7 @@ class RunLogHandler(logging.FileHandler):
 
 def log_to_file(path: Path) -> None:
     """Send every log record of this process to the run's `train.log` too, and to no earlier run's: a
-    sweep runs its jobs one after another in one process."""
+    sweep runs its jobs one after another in one process. The records `held_records` kept go in first."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, RunLogHandler)]:
         if old.baseFilename == os.path.abspath(path):  # as FileHandler names it: not through a symlink
@@ -191,7 +192,38 @@ def log_to_file(path: Path) -> None:
         old.close()
     handler = RunLogHandler(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    for held in [h for h in root.handlers if isinstance(h, HeldRecords)]:
+        root.removeHandler(held)  # from here on they go to the file as they come
+        for record in held.records:
+            handler.handle(record)
     root.addHandler(handler)
+
+
+class HeldRecords(logging.Handler):
+    """The log records of a run's set-up, kept until its train.log opens (nothing is written before every check has
+    passed): 'resuming with a different ['data']' reached the console and never the run's own log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def held_records() -> Iterator[None]:
+    """Within the block, log records wait for log_to_file (not where a train.log already takes them: a sweep's job)."""
+    root = logging.getLogger()
+    if any(isinstance(h, RunLogHandler) for h in root.handlers):
+        yield
+        return
+    held = HeldRecords()
+    root.addHandler(held)
+    try:
+        yield
+    finally:
+        root.removeHandler(held)
 
 
 # -- plots.png ----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, restore_rng_state
 from rundir.files import run_dir_itself
-from rundir.records import plot_runs
+from rundir.records import held_records, plot_runs
 from rundir.run import Run
 from training import distributed
 from training.config import TrainConfig
@@ -38,7 +38,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     FileNotFoundError before anything in out_dir is touched; a saved SIGTERM/SIGINT stop raises
     training.runtime.RunInterrupted, a non-finite step under on_nonfinite=stop FloatingPointError."""
     cfg.validate()
-    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device):
+    # set-up's log (a resume's "resuming with a different ...") reaches train.log too, once it opens
+    with distributed.process_group(cfg.distributed, resolve_device(cfg.device)) as (dist, device), held_records():
         return train_in_group(cfg, dist, device)  # its trainer is gone before the group is
 
 

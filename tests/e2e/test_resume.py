@@ -18,7 +18,7 @@ import rundir.run
 import training.trainer
 from rundir.checkpoint import load_checkpoint
 from rundir.checkpoints import CheckpointDir
-from tests.helpers import run_train
+from tests.helpers import run_cli, run_train
 from training.runtime import RunInterrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,3 +315,15 @@ def test_resume_auto_of_another_model_names_every_difference_and_the_command_tha
     assert "model.n_layer=2" in command
     metrics = run_train([*command[2:], "max_steps=6"])  # pasted, it continues the run
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 6 and "val/loss" in metrics
+
+
+def test_set_up_warnings_reach_the_runs_train_log(run_overrides, tmp_path):
+    # Defect: "resuming with a different ['max_steps']" (and ['data'], where a file of data.files changed) was logged
+    # before train.log opened: the console had it, the run's own log never did.
+    for steps in (4, 6, 8):  # each in its own process, as a user runs them
+        resume = ["resume=auto"] if steps > 4 else []
+        done = run_cli([str(ROOT / "train.py"), *run_overrides, f"max_steps={steps}", *resume], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("resuming with a different ['max_steps']") == 2  # once for each resume, not held over
+    assert log.index("resuming with a different") < log.index("resuming from")  # in the order they happened
