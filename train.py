@@ -70,12 +70,9 @@ def main(cfg: DictConfig) -> float | None:
             )  # fmt: skip
         metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
-        if not info.is_main:  # every rank stopped at the same step: one says so
-            pass
-        elif e.finished:
-            log.warning("%s", e)
-        else:
-            log.warning("%s; continue with: %s", e, cli.continue_command(Path(e.out_dir), overrides))
+        if info.is_main:  # every rank stopped at the same step: one says so
+            again = "" if e.finished else f"; continue with: {cli.continue_command(Path(e.out_dir), overrides)}"
+            log.warning("%s%s", e, again)
         if multirun:  # that continues this job alone: the jobs after it never started
             sweep_dir = str(Path(hydra_cfg.sweep.dir).absolute())
             log.warning("continue the whole sweep: %s", cli.sweep_continue_command(sweep_dir, sys.argv[1:]))
