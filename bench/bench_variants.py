@@ -122,14 +122,15 @@ def main() -> None:
     )
     columns = ("params", "train tok/s", "vs GPT-2", "KV B/token", "decode tok/s")
     width = max(len(name) for name in ["variant", *models])  # a long name once pushed its row out of line
-    header = f"{'variant':<{width}} | " + " | ".join(f"{c:>{max(len(c), 8)}}" for c in columns)
+    # params in full: a variant's few added scalars (a per-head temperature: +16) vanished in "0.05M"
+    header = f"{'variant':<{width}} | " + " | ".join(f"{c:>{max(len(c), 9)}}" for c in columns)
     print(header + "\n" + "-" * len(header))
     for name, model in models.items():
         step = statistics.median(step_s[name])
         kv_bytes = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
         decode_tok_s = args.decode_tokens / statistics.median(decode_s[name])
         print(
-            f"{name:<{width}} | {model.num_params() / 1e6:>7.2f}M | {tokens / step:>11.0f} | {base / step:>7.2f}x "
+            f"{name:<{width}} | {model.num_params():>9,} | {tokens / step:>11.0f} | {base / step:>8.2f}x "
             f"| {kv_bytes:>10} | {decode_tok_s:>12.0f}"
         )
 
