@@ -109,6 +109,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
         counts = _write_splits(tmp, docs, cfg, tokenizer, segmenter, dtype, progress)
         check_splits_hold_text(counts, cfg)
         meta = _meta(cfg, key, fp, tokenizer, dtype, counts)
+        meta["split_by"] = "text" if docs.num_rows == 1 else "document"  # one document is cut at val_fraction
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

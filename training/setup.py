@@ -198,6 +198,8 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
                 if isinstance(documents, dict) and {"train", "val"} <= documents.keys()
                 else ""
             )
+            if data.meta.get("split_by") == "text":  # one document: cut at data.val_fraction of its text
+                by_document = f" (one document, its last data.val_fraction={data.meta['val_fraction']} held out)"
             raise ValueError(
                 f"the {split} split has {len(tokens)} tokens{by_document}, fewer than one batch needs "
                 f"(batch_size={batch_size} x {model.train_length} tokens a sequence + 1 = {need}); "

@@ -161,6 +161,10 @@ def test_corpus_smaller_than_one_batch(run, tmp_path):
     too_few = r"the \w+ split has \d+ tokens \(the split is by document: 2 train, 1 val\), fewer than one batch needs"
     with pytest.raises(ValueError, match=too_few + r" \(batch_size=8"):
         run_train([*run, f"data.files=[{','.join(map(str, files))}]"])
+    # Defect: one file, cut at val_fraction of its text, was also said to be "split by document: 1 train, 1 val"
+    one = r"the train split has \d+ tokens \(one document, its last data.val_fraction=0.1 held out\), fewer than"
+    with pytest.raises(ValueError, match=one):
+        run_train([*run, f"data.files=[{files[0]}]"])
 
 
 def test_token_ids_outside_the_vocabulary(tiny_run_overrides, tmp_path):
