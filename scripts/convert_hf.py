@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a file (python scripts/convert_hf.py): m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.trained import find_checkpoint, load_model, saved_cache_dir
-from cli.errors import exit_with_error
+from cli.errors import error_line, exit_with_error
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
@@ -219,8 +219,7 @@ def read_safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                     f"{str(path)!r} is a pickle/torch.save file, not safetensors; only safetensors weights are read, "
                     "never pickles"
                 ) from None
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({msg})") from None
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({error_line(e)})") from None
 
 
 def read_weight_shapes(hf_dir: Path) -> dict[str, tuple[int, ...]]:
