@@ -262,7 +262,9 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
     import datasets
 
     streaming = cfg.max_documents is not None
-    local = Path(cfg.hub_path).expanduser().is_dir()  # rebuilt, as in `_load_text_files`; Hub ids are fixed data
+    # a local folder is rebuilt (on a miss of our own key): `datasets` keys its Arrow cache on mtime alone; Hub ids
+    # name fixed data
+    local = Path(cfg.hub_path).expanduser().is_dir()
     ds = datasets.load_dataset(
         cfg.hub_path,
         cfg.hub_name,
