@@ -65,8 +65,8 @@ def stop_outside_the_loop(signum: int, frame: object) -> NoReturn:
     """SIGTERM before the training loop (preparing data, compiling) or after it: a one-line exit that unwinds
     (a directory made for the run and a half-written data cache are removed on the way), where the default
     handler ended the process silently and left both behind."""
-    failing = sys.exc_info()[1]  # an error already on its way out (torchrun stops the others once a rank dies)
-    if failing is not None and not isinstance(failing, SystemExit | KeyboardInterrupt):
+    failing = sys.exc_info()[1]  # a lost rank's error on its way out: torchrun stops the others once a rank dies
+    if getattr(failing, "explains_a_stop", False):  # not any library's error it handles at that moment
         print(f"error: {error_line(failing)}", file=sys.stderr)
     else:
         print(f"stopped by {signal.Signals(signum).name} outside the training loop (in it, a stop saves a step first)",

@@ -58,6 +58,8 @@ class RankFailed(RuntimeError):
     """Raised on the other ranks when rank 0 failed in work only it does (saving, sampling), or on every rank
     that finds another gone (`lost_peer`)."""
 
+    explains_a_stop = True  # torchrun's SIGTERM while it unwinds prints it (cli.errors.stop_outside_the_loop)
+
 
 # What gloo and NCCL say when another rank's process died mid-collective (the OOM killer, a kill -9)
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted")

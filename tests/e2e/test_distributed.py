@@ -326,3 +326,9 @@ def test_a_collective_failed_by_a_dead_rank_is_one_line_that_says_so_even_under_
             stop_outside_the_loop(signal.SIGTERM, None)
     assert stopped.value.code == 143
     assert capsys.readouterr().err == f"error: {lost}\n"
+    try:  # a library's own error it handles when the SIGTERM lands is not the reason for the stop
+        raise KeyError("a cache miss")
+    except KeyError:
+        with pytest.raises(SystemExit):
+            stop_outside_the_loop(signal.SIGTERM, None)
+    assert capsys.readouterr().err.startswith("stopped by SIGTERM outside the training loop")
