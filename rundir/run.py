@@ -252,9 +252,11 @@ def describe_tokenizer(meta: dict | None) -> str:
     return repr(meta.get("name"))
 
 
-def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any], data: PreparedData) -> None:
-    """Refuse a checkpoint this run (its whole config, as a dict) cannot continue; warn where it continues
-    on a different trajectory."""
+def check_compatible(
+    ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any], data: PreparedData, warn: bool = True
+) -> None:
+    """Refuse a checkpoint this run (its whole config, as a dict) cannot continue; warn (`warn`: one rank of
+    several says it) where it continues on a different trajectory."""
     where = f"checkpoint {str(path)!r}"
     if "optim_param_groups" not in ckpt.meta:
         raise ValueError(f"{where} holds no optimizer state (weights only); it can be sampled from, not resumed")
@@ -282,7 +284,7 @@ def check_compatible(ckpt: ckpt_io.Checkpoint, path: Path, config: dict[str, Any
     changed += [f"model.{k}" for k in TRAJECTORY_MODEL_FIELDS if saved["model"].get(k) != config["model"].get(k)]
     if ckpt.meta.get("data_fingerprint") != data.fingerprint:
         changed.append("data")
-    if changed:
+    if changed and warn:
         log.warning("resuming with a different %s: the run continues, but not as the original would have", changed)
 
 
@@ -303,12 +305,17 @@ class ModelMismatch(ValueError):
 
 
 def restore(
-    path: Path, config: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, data: PreparedData
+    path: Path,
+    config: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: PreparedData,
+    warn: bool = True,
 ) -> tuple[RunState, ckpt_io.Checkpoint]:
     """Weights, optimizer state and counters from `path` into this run (`config`: its whole config as a
-    dict); RNG states are restored by the caller, just before the first step."""
+    dict); RNG states are restored by the caller, just before the first step. `warn`: check_compatible's."""
     ckpt = ckpt_io.load_checkpoint(path)
-    check_compatible(ckpt, path, config, data)
+    check_compatible(ckpt, path, config, data, warn)
     ckpt_io.load_model_weights(model, ckpt, "train." if ckpt.section("train.") else "model.")
     ckpt_io.restore_optimizer(optimizer, ckpt)
     state = RunState.from_meta(ckpt.meta)

@@ -214,7 +214,8 @@ class Trainer:
         """Continue the run saved at `path`: weights, optimizer, weight average, counters and its last metrics,
         each checked against this run first. Its RNG streams are the caller's to restore, just before the first
         step, so nothing set up after this draws from them."""
-        self.state, resumed = restore(path, asdict(self.cfg), self.model, self.optimizer, self.data)
+        # every rank restores, one says how this run differs from the checkpoint's (it printed once per rank)
+        self.state, resumed = restore(path, asdict(self.cfg), self.model, self.optimizer, self.data, self.dist.is_main)
         self.average.load(resumed.section("model."), self.state.average_progress)
         self.metrics = resumed.meta.get("metrics") or {}
         return resumed

@@ -158,7 +158,10 @@ def test_resume_on_other_data_or_another_trajectory_warns_naming_what_changed(tm
         meta["config"]["model"] = asdict(trainer.cfg.model) | {"dropout": 0.3}
         meta["data_fingerprint"] = trainer.data.fingerprint
         check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data)
-    assert "different ['budget_s', 'model.dropout']" in caplog.text
+        assert "different ['budget_s', 'model.dropout']" in caplog.text
+        caplog.clear()  # Defect: under torchrun every rank said it; rank 0 alone does
+        check_compatible(ckpt, Path("x"), asdict(trainer.cfg), trainer.data, warn=False)
+    assert not caplog.records
 
 
 def test_bench_train_times_the_trainers_own_step(tmp_path, monkeypatch):
