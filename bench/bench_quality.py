@@ -442,8 +442,7 @@ def checked_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     for name in args.recipes:
         try:
             # as each run gets it: its length set by the comparison (a recipe's max_steps=null was refused alone)
-            length = [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"]
-            configs[name] = load_config([*RECIPES[name], *args.overrides, *length])
+            configs[name] = load_config([*RECIPES[name], *args.overrides, *budget_length(args.budget)])
         except ValueError as e:
             parser.error(f"recipe {name}: {e}")
     chosen = [f for f, v in (("--time-only", args.time_only), ("--steps-from", args.steps_from)) if v]
@@ -505,10 +504,15 @@ def compare(args: argparse.Namespace, configs: dict[str, TrainConfig], steps_fro
     assert all(math.isfinite(r["val_bpb"]) for r in rows)
 
 
+def budget_length(budget: float) -> list[str]:
+    """A run's length as overrides, for `budget` whole-process seconds: budget_s without the start-up's."""
+    return [f"budget_s={budget - STARTUP_S}", "max_steps=null"]
+
+
 def run_lengths(args: argparse.Namespace, cpu: str, steps_from: dict[str, int] | None) -> dict[str, list[str]]:
     """Each recipe's length as overrides: the budget itself, the steps its measured speed buys in it
     (--equal-time-steps, --time-only, which also writes them to JSON), or the steps --steps-from read."""
-    length = {name: [f"budget_s={args.budget - STARTUP_S}", "max_steps=null"] for name in args.recipes}
+    length = {name: budget_length(args.budget) for name in args.recipes}
     if args.equal_time_steps or args.time_only:
         speeds = seconds_per_step(args.recipes, args.overrides)
         timing = {"cpu": cpu, "date": time.strftime("%Y-%m-%d %H:%M"), "budget": args.budget, "recipes": {}}
