@@ -108,8 +108,7 @@ def prepare(cfg: DataConfig, progress: bool = True) -> PreparedData:
     try:
         counts = _write_splits(tmp, docs, cfg, tokenizer, segmenter, dtype, progress)
         check_splits_hold_text(counts, cfg)
-        meta = _meta(cfg, key, fp, tokenizer, dtype, counts)
-        meta["split_by"] = "text" if docs.num_rows == 1 else "document"  # one document is cut at val_fraction
+        meta = _meta(cfg, key, fp, tokenizer, dtype, counts, docs.num_rows)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -171,7 +170,9 @@ def check_splits_hold_text(counts: dict, cfg: DataConfig) -> None:
             )
 
 
-def _meta(cfg: DataConfig, key: dict, fp: str, tokenizer: Tokenizer, dtype: np.dtype, counts: dict) -> dict:
+def _meta(
+    cfg: DataConfig, key: dict, fp: str, tokenizer: Tokenizer, dtype: np.dtype, counts: dict, documents: int
+) -> dict:
     """meta.json: what a prepared directory holds, read back by load_prepared."""
     return {
         "format": FORMAT_VERSION,
@@ -185,6 +186,7 @@ def _meta(cfg: DataConfig, key: dict, fp: str, tokenizer: Tokenizer, dtype: np.d
         "split_seed": cfg.split_seed,
         **{name: key[name] for name in ("bpe_dropout", "bpe_dropout_copies") if name in key},
         "num_documents": {split: counts[split]["documents"] for split in SPLITS},
+        "split_by": "text" if documents == 1 else "document",  # one document is cut at val_fraction of its text
         **{f"{split}_tokens": counts[split]["tokens"] for split in SPLITS},
         **{f"{split}_bytes": counts[split]["bytes"] for split in SPLITS},
     }
