@@ -61,13 +61,14 @@ def analyse(target: Path, tokens: int, device: torch.device, text: Path | None) 
     scores = head_scores(model, batches)
     stats = attention_stats(model, [row for x, _ in batches for row in x][:STATS_WINDOWS])
     curve = pruning_curve(model, batches, torch.tensor(scores["importance"]))
+    window = window_length(trained)
     return {
         "checkpoint": str(trained.path),
         "step": trained.meta.get("step"),
         "shape": {"n_layer": c.n_layer, "n_head": c.n_head, "d_k": c.head_dim, "n_kv_head": c.kv_heads},
         "tokens": sum(x.numel() for x, _ in batches),
-        "window": window_length(trained),
-        "uniform_entropy": [uniform_entropy(window_length(trained), c.layer_window(i)) for i in range(c.n_layer)],
+        "window": window,
+        "uniform_entropy": [uniform_entropy(window, c.layer_window(i)) for i in range(c.n_layer)],
         "data": str(text) if text else "validation split",
         **scores,  # base_loss, delta_loss, importance, importance_raw
         "entropy": stats.entropy.tolist(),

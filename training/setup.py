@@ -193,13 +193,12 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
         tokens = getattr(data, split)
         if len(tokens) < need:
             documents = data.meta.get("num_documents") or {}
-            by_document = (  # 2 files put half the text in val: the split is by whole documents
-                f" (the split is by document: {documents['train']} train, {documents['val']} val)"
-                if isinstance(documents, dict) and {"train", "val"} <= documents.keys()
-                else ""
-            )
             if data.meta.get("split_by") == "text":  # one document: cut at data.val_fraction of its text
                 by_document = f" (one document, its last data.val_fraction={data.meta['val_fraction']} held out)"
+            elif isinstance(documents, dict) and {"train", "val"} <= documents.keys():  # 2 files: half the text in val
+                by_document = f" (the split is by document: {documents['train']} train, {documents['val']} val)"
+            else:
+                by_document = ""
             raise ValueError(
                 f"the {split} split has {len(tokens)} tokens{by_document}, fewer than one batch needs "
                 f"(batch_size={batch_size} x {model.train_length} tokens a sequence + 1 = {need}); "
