@@ -469,3 +469,15 @@ def test_every_parameter_of_every_variant_and_pair_of_variants_gets_a_gradient(k
     not_finite = [name for name, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]
     assert not no_gradient, f"no gradient reaches {no_gradient}"
     assert not not_finite, f"non-finite gradients in {not_finite}"
+
+
+def test_a_subclass_of_the_attention_replaces_only_its_hooks():
+    """The path from x to what the heads attend (`project_qkv`, `forward`, `weights`) is written once, so a variant
+    written in it runs under every attention class; a subclass that replaced it would skip the variant."""
+    import model.latent_attention  # noqa: F401  (registers MultiHeadLatentAttention as a subclass)
+
+    subclasses = CausalSelfAttention.__subclasses__()
+    assert subclasses, "MultiHeadLatentAttention is a subclass of CausalSelfAttention"
+    for subclass in subclasses:
+        replaced = {name for name in vars(subclass) if callable(getattr(CausalSelfAttention, name, None))}
+        assert replaced - {"__init__"} <= set(CausalSelfAttention.HOOKS), f"{subclass.__name__} replaces {replaced}"
