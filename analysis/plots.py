@@ -1,7 +1,9 @@
 """PNG plots of a sweep: validation-loss curves per cell, final loss per cell with its 95% interval,
-the paired differences from the reference cell, and a heatmap of final loss when two keys are swept."""
+the paired differences from the reference cell, and a heatmap of final loss when two keys are swept.
+Each title says how its values were scored (full val or the loop's val batches) and is wrapped to fit."""
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +14,21 @@ import matplotlib.pyplot as plt
 from analysis.report import compared_metric
 from analysis.stats import CONFIDENCE, Interval, t_interval
 from analysis.sweep import CRASHED, INTERRUPTED, RUNNING, Cell, Run, sort_key
+
+FULL_VAL = "full val: each run's best checkpoint on every held-out token"
+LOOP_VAL = "loop val: each run's eval_batches val batches"
+
+
+def scoring(cells: list[Cell]) -> str:
+    """How the cells' final values were scored: on every held-out token where the report took full-val
+    scores (`Run.full_val`, which `Run.final` then reads), else on the training loop's val batches."""
+    return FULL_VAL if any(run.full_val for cell in cells for run in cell.runs) else LOOP_VAL
+
+
+def set_title(ax, text: str, fontsize: float = 10) -> None:
+    """The title wrapped to the figure's width: a line wider than the figure is cut off in the PNG."""
+    width_pt = ax.figure.get_figwidth() * 72
+    ax.set_title(textwrap.fill(text, width=int(width_pt / (0.6 * fontsize))), fontsize=fontsize)
 
 
 def save(fig, path: Path) -> Path:
@@ -37,7 +54,8 @@ def plot_val_curves(cells: list[Cell], runs: list[Run], path: Path) -> Path:
             ax.plot(steps, losses, color="red", ls="--", lw=1, marker=".", label=f"{how}: {run.path.name}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("Validation loss per configuration")
+    # The curves are the loop's own evaluations whatever scored the final values (full val scores one checkpoint).
+    set_title(ax, f"Validation loss per configuration ({LOOP_VAL})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return save(fig, path)
@@ -56,7 +74,7 @@ def plot_intervals(cells: list[Cell], path: Path) -> Path:
         ax.scatter([x + 0.12] * len(values), values, color="tab:blue", s=12, alpha=0.7)
     ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
     ax.set_ylabel(f"final {metric} ({unit})")
-    ax.set_title(f"Final {metric}: mean with {CONFIDENCE:.0%} t-interval (dots: seeds)")
+    set_title(ax, f"Final {metric}: mean with {CONFIDENCE:.0%} t-interval (dots: seeds); {scoring(cells)}")
     ax.grid(alpha=0.3, axis="y")
     return save(fig, path)
 
@@ -86,7 +104,7 @@ def plot_loss_heatmap(cells: list[Cell], path: Path) -> Path:
     ax.set_yticks(range(len(rows)), [str(v) for v in rows])
     ax.set_xlabel(col_key)
     ax.set_ylabel(row_key)
-    ax.set_title(f"Final validation {name} (lower is better)")
+    set_title(ax, f"Final validation {name} (lower is better); {scoring(cells)}")
     fig.colorbar(image, ax=ax, label="nats/token" if unit == "nats" else unit)
     return save(fig, path)
 
@@ -104,8 +122,7 @@ def plot_differences(cells: list[Cell], diffs: list[Interval | None], reference:
     ax.set_xticks(range(len(cells)), [c.label().replace(", ", "\n") for c in cells], fontsize=7)
     _, name, unit = compared_metric(cells)
     ax.set_ylabel(f"val {name} − reference, same seeds" + (" (nats)" if unit == "nats" else ""))
-    ax.set_title(
-        f"Paired difference from {reference.label()} ({CONFIDENCE:.0%} t-interval; red = resolved)", fontsize=9
-    )
+    interval = f"{CONFIDENCE:.0%} t-interval; red = resolved"
+    set_title(ax, f"Paired difference from {reference.label()} ({interval}); {scoring(cells)}", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     return save(fig, path)

@@ -167,6 +167,12 @@ class CausalSelfAttention(nn.Module):
     `layer` (its index in the model) picks its sliding window from the config's window_pattern.
     """
 
+    # What a subclass may replace (MultiHeadLatentAttention does): the projection's width, how the queries and what
+    # the cache keeps come from x (`project`), how the keys and values come from what it kept (`keys_values`), and
+    # the score FLOPs. Every other step, `project_qkv` and `forward` among them, is shared, so a variant written
+    # there runs under every subclass; tests/unit/test_variants.py fails for a subclass that replaces anything else.
+    HOOKS = ("projection_width", "project", "keys_values", "score_flops")
+
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_head = config.n_head
@@ -196,8 +202,34 @@ class CausalSelfAttention(nn.Module):
         self.value_gate = nn.Linear(config.d_model, self.n_kv_head, bias=config.bias) if config.value_embeds else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def project_qkv(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, d_model) -> q (B, H, T, d_k) and k, v (B, H_kv, T, d_k), QK-normed and rotated as configured."""
+    def project_qkv(
+        self,
+        x: Tensor,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        cache: LayerCache | None = None,
+        tokens: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, T, d_k) of the T new tokens of x (B, T, d_model), and k, v (B, H_kv, Tk, d_k) of every token
+        they may read: with a cache, the cached ones and then the new ones, which the cache keeps.
+
+        The one path from x to what the heads attend, for every attention class (`forward` and the lab's `weights`
+        both take it, and a subclass replaces only the hooks it calls): a variant that changes the queries, keys or
+        values does it here, after `keys_values`. tokens: the ids that value embeddings look up; without them (the
+        lab's maps, which read no values) v is the projection alone.
+        """
+        B, T, _ = x.shape
+        q, k, v = self.project(x, rotary)  # (B, H, T, d_k), what the cache keeps: (B, H_kv, T, d_k) each
+        if self.value_embed is not None and tokens is not None:  # v + 2 sigmoid(x W_ve_gate) * ve: near v at init
+            # before the cache, which keeps each token's values (a latent cache cannot: the config refuses the pair)
+            ve = self.value_embed(tokens).view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
+            v = v + (self.value_embed_gate(x) * ve).type_as(v)  # keep v's dtype: the table is float32 under autocast
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H_kv, Tk, d_k)
+        return q, *self.keys_values(k, v)
+
+    def project(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Hook: (B, T, d_model) -> q (B, H, T, d_k) and what the cache keeps of the T tokens, here k and
+        v (B, H_kv, T, d_k), QK-normed and rotated as configured, so that a cached key is rotated once."""
         B, T, _ = x.shape
         q, k, v = self.qkv_proj(x).split([self.n_head * self.d_k, *[self.n_kv_head * self.d_k] * 2], dim=-1)
         q = q.view(B, T, self.n_head, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
@@ -205,8 +237,13 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)
         return self.norm_and_rotate(q, self.q_norm, rotary), self.norm_and_rotate(k, self.k_norm, rotary), v
 
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Hook: the keys and values (B, H_kv, Tk, d_k) the heads read, from what `project` and the cache keep:
+        here those are the keys and values themselves."""
+        return k, v
+
     def projection_width(self, config: GPTConfig) -> int:
-        """Output width of qkv_proj, W_Q | W_K | W_V (MultiHeadLatentAttention projects differently)."""
+        """Hook: output width of qkv_proj, W_Q | W_K | W_V (MultiHeadLatentAttention projects differently)."""
         return (self.n_head + 2 * self.n_kv_head) * self.d_k
 
     def norm_and_rotate(self, x: Tensor, norm: nn.RMSNorm | None, rotary: tuple[Tensor, Tensor] | None) -> Tensor:
@@ -244,7 +281,8 @@ class CausalSelfAttention(nn.Module):
         value embeddings look up.
         """
         B, T, _ = x.shape
-        q, k, v = self.project_and_cache(x, cache, rotary, tokens)  # (B, H, T, d_k), (B, H_kv, Tk, d_k)
+        assert tokens is not None or self.value_embed is None, "value embeddings look up the token ids; pass tokens"
+        q, k, v = self.project_qkv(x, rotary, cache, tokens)  # (B, H, T, d_k), (B, H_kv, Tk, d_k)
         if cache is not None and padding_mask is not None:
             # it covers every slot; a windowed layer's cache returns only the last Tk
             padding_mask = padding_mask[:, padding_mask.shape[1] - k.shape[-2] :]
@@ -256,23 +294,8 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.d_k)  # concat heads
         return self.resid_dropout(self.out_proj(y))
 
-    def project_and_cache(
-        self, x: Tensor, cache: LayerCache | None, rotary: tuple[Tensor, Tensor] | None, tokens: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """q (B, H, T, d_k) of the T new tokens, and k, v (B, H_kv, Tk, d_k) of every token they may read:
-        with a cache, the cached ones and then the new ones, which the cache keeps."""
-        B, T, _ = x.shape
-        q, k, v = self.project_qkv(x, rotary)  # (B, H, T, d_k), (B, H_kv, T, d_k)
-        if self.value_embed is not None:  # v + 2 sigmoid(x W_ve_gate) * ve: the gate starts near 1
-            assert tokens is not None, "value embeddings look up the token ids; pass tokens"
-            ve = self.value_embed(tokens).view(B, T, self.n_kv_head, self.d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
-            v = v + (self.value_embed_gate(x) * ve).type_as(v)  # keep v's dtype: the table is float32 under autocast
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, H_kv, Tk, d_k)
-        return q, k, v
-
     def score_flops(self, context: int) -> int:
-        """Forward FLOPs of one query's QK^T and AV over `context` keys: 2 * context * H * d_k each.
+        """Hook: forward FLOPs of one query's QK^T and AV over `context` keys: 2 * context * H * d_k each.
         Every query head attends, so GQA saves nothing here (only in the K, V projections). Differential
         attention's two maps of d_k / 2 cost one map of d_k on the explicit path; a kernel, which takes them
         as 2H heads, does one more AV (not counted: the count is of the model, not of a kernel)."""

@@ -22,13 +22,14 @@ from torch import Tensor, nn
 
 from model.attention import CausalSelfAttention
 from model.config import GPTConfig
-from model.kv_cache import LayerCache
 from model.position import apply_rotary
 
 
 class MultiHeadLatentAttention(CausalSelfAttention):
-    """CausalSelfAttention with keys and values from a cached latent; the kernels, the masks, the gate and
-    W_O are the parent's. qkv_proj holds W_Q | W_QR | W_DKV | W_KR (one matmul from x), kv_up_proj W_UK | W_UV."""
+    """CausalSelfAttention with keys and values from a cached latent. It replaces only the parent's hooks
+    (CausalSelfAttention.HOOKS): how the queries and the latent come from x, and the keys and values from the
+    latent; the path through them (`project_qkv`), the kernels, the masks, the gate and W_O are the parent's.
+    qkv_proj holds W_Q | W_QR | W_DKV | W_KR (one matmul from x), kv_up_proj W_UK | W_UV."""
 
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__(config, layer)
@@ -40,9 +41,9 @@ class MultiHeadLatentAttention(CausalSelfAttention):
         d_rope = config.mla_rope_dim
         return config.n_head * (config.head_dim + d_rope) + config.mla_latent + d_rope
 
-    def project_latent(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def project(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, d_model) -> q (B, H, T, d_k + d_R), and what the cache keeps: latent (B, 1, T, d_c + d_R),
-        c and the rotated rope key, shaped as one key head."""
+        c and the rotated rope key, shaped as one key head, as its keys, and no values (B, 1, T, 0)."""
         B, T, _ = x.shape
         q, latent = self.qkv_proj(x).split([self.n_head * (self.d_k + self.d_rope), self.d_c + self.d_rope], dim=-1)
         q = q.view(B, T, self.n_head, -1).transpose(1, 2)  # (B, H, T, d_k + d_R)
@@ -54,11 +55,11 @@ class MultiHeadLatentAttention(CausalSelfAttention):
             c, k_rope = latent.split([self.d_c, self.d_rope], dim=-1)
             q = torch.cat([q, apply_rotary(q_rope, rotary)], dim=-1)
             latent = torch.cat([c, apply_rotary(k_rope, rotary)], dim=-1)
-        return q, latent
+        return q, latent, latent[..., :0]
 
-    def keys_values(self, latent: Tensor) -> tuple[Tensor, Tensor]:
-        """latent (B, 1, Tk, d_c + d_R) -> k (B, H_kv, Tk, d_k + d_R), c W_UK_h then the shared rope key,
-        and v (B, H_kv, Tk, d_k), c W_UV_h."""
+    def keys_values(self, latent: Tensor, _: Tensor) -> tuple[Tensor, Tensor]:
+        """latent (B, 1, Tk, d_c + d_R), as the cache keeps it, -> k (B, H_kv, Tk, d_k + d_R), c W_UK_h then
+        the shared rope key, and v (B, H_kv, Tk, d_k), c W_UV_h."""
         B, _, Tk, _ = latent.shape
         c, k_rope = latent[:, 0].split([self.d_c, self.d_rope], dim=-1)  # (B, Tk, d_c), (B, Tk, d_R)
         kv = self.kv_up_proj(c).view(B, Tk, 2 * self.n_kv_head, self.d_k).transpose(1, 2)  # (B, 2 H_kv, Tk, d_k)
@@ -67,21 +68,6 @@ class MultiHeadLatentAttention(CausalSelfAttention):
         if self.d_rope:  # one rope key, shared by every head
             k = torch.cat([k, k_rope[:, None].expand(B, self.n_kv_head, Tk, self.d_rope)], dim=-1)
         return k, v
-
-    def project_qkv(self, x: Tensor, rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, d_model) -> q (B, H, T, d_k + d_R), k (B, H_kv, T, d_k + d_R), v (B, H_kv, T, d_k), uncached."""
-        q, latent = self.project_latent(x, rotary)
-        return q, *self.keys_values(latent)
-
-    def project_and_cache(
-        self, x: Tensor, cache: LayerCache | None, rotary: tuple[Tensor, Tensor] | None, tokens: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """As the parent's, but the cache keeps the latent (a key of d_c + d_R and no value:
-        model/kv_cache.py, cache_layout) and every token's keys and values are up-projected from it."""
-        q, latent = self.project_latent(x, rotary)
-        if cache is not None:
-            latent, _ = cache.update(latent, latent[..., :0])  # (B, 1, Tk, d_c + d_R)
-        return q, *self.keys_values(latent)
 
     def score_flops(self, context: int) -> int:
         """Forward FLOPs of one query's QK^T (over d_k + d_R channels) and AV (over d_k) for `context` keys."""

@@ -94,8 +94,11 @@ def variant_cases(head_grid: list[tuple[int, int | None]], backends: tuple[str, 
     ]
 
 
-def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, vocab_size: int, block_size: int) -> GPT:
-    """The tests' small GPT (2 layers, d_model 48) of one variant, seeded, in eval mode."""
+def variant_model(
+    backend: str, n_head: int, d_k: int | None, variant: str | dict, vocab_size: int, block_size: int
+) -> GPT:
+    """The tests' small GPT (2 layers, d_model 48) of one variant (a name of VARIANTS, or overrides), seeded,
+    in eval mode."""
     torch.manual_seed(0)
     cfg = GPTConfig(
         vocab_size=vocab_size,
@@ -105,7 +108,7 @@ def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, voca
         d_model=48,
         d_k=d_k,
         attn_backend=backend,
-        **VARIANTS[variant],
+        **(VARIANTS[variant] if isinstance(variant, str) else variant),
     )
     model = GPT(cfg).eval()
     # Every parameter moved away from its start, as training moves it: a start at zero, one or the identity (a sink,
@@ -119,3 +122,30 @@ def variant_model(backend: str, n_head: int, d_k: int | None, variant: str, voca
     if model.x0_scales is not None:  # they start as the plain stream, which would hide a block that skips the mix
         torch.nn.init.normal_(model.x0_scales, std=0.5)
     return model
+
+
+def combined(first: str, second: str) -> dict | None:
+    """The overrides of two variants at once, or None where they set one field two ways (gqa and mqa, two windows):
+    those are alternatives, not a pair."""
+    a, b = VARIANTS[first], VARIANTS[second]
+    if any(a[key] != b[key] for key in a.keys() & b.keys()):
+        return None
+    return a | b
+
+
+def variant_pairs() -> list:
+    """pytest params (overrides, refusal) for every variant alone and every pair of them: refusal is GPTConfig's
+    one-line message where the config refuses the pair (on the explicit backend, which computes every variant)."""
+    n_head, d_k = VARIANT_HEADS
+    names = list(VARIANTS)
+    cases = [(name, VARIANTS[name]) for name in names]
+    cases += [(f"{a}+{b}", knobs) for i, a in enumerate(names) for b in names[i + 1 :] if (knobs := combined(a, b))]
+    params = []
+    for case_id, knobs in cases:
+        try:
+            GPTConfig(n_head=n_head, d_model=48, d_k=d_k, attn_backend="explicit", **knobs).validate()
+            refused = None
+        except ValueError as error:
+            refused = str(error)
+        params.append(pytest.param(knobs, refused, id=case_id))
+    return params

@@ -20,7 +20,16 @@ from model.position import SinusoidalPositions, apply_rotary
 from rundir.checkpoint import save_checkpoint
 from rundir.run import check_same_model
 from tests.helpers import ROOT, compose_config
-from tests.variants import BACKENDS, DEFAULT_RUN_SCALED, NOT_VARIANTS, VARIANT_HEADS, VARIANTS, refusal
+from tests.variants import (
+    BACKENDS,
+    DEFAULT_RUN_SCALED,
+    NOT_VARIANTS,
+    VARIANT_HEADS,
+    VARIANTS,
+    refusal,
+    variant_model,
+    variant_pairs,
+)
 from training.setup import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -441,3 +450,34 @@ def test_resume_refuses_a_checkpoint_without_the_same_attention(field, value):
     saved = asdict(GPTConfig())
     with pytest.raises(ValueError, match=rf"has model\.{field}=.* but this run has model\.{field}={value!r}; resume"):
         check_same_model(saved, {**saved, field: value}, "checkpoint 'x'")
+
+
+@pytest.mark.parametrize("knobs,refused", variant_pairs())
+def test_every_parameter_of_every_variant_and_pair_of_variants_gets_a_gradient(knobs, refused):
+    """One backward on random tokens reaches every parameter: a variant whose code a path skips (a subclass that
+    replaces the step applying it) keeps parameters that train to nothing. variant_model moves every parameter
+    away from its start, so a gate or a sink at zero, which passes no gradient on to what feeds it, cannot hide
+    a parameter behind it. A pair the config refuses says so in one line."""
+    if refused is not None:
+        assert "\n" not in refused and refused.startswith("model."), refused
+        return
+    model = variant_model("explicit", *VARIANT_HEADS, knobs, VOCAB, block_size=16).train()
+    idx = tokens(2, 16)
+    _, loss = model(idx, targets=idx.roll(-1, dims=1))
+    loss.backward()
+    no_gradient = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    not_finite = [name for name, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]
+    assert not no_gradient, f"no gradient reaches {no_gradient}"
+    assert not not_finite, f"non-finite gradients in {not_finite}"
+
+
+def test_a_subclass_of_the_attention_replaces_only_its_hooks():
+    """The path from x to what the heads attend (`project_qkv`, `forward`, `weights`) is written once, so a variant
+    written in it runs under every attention class; a subclass that replaced it would skip the variant."""
+    import model.latent_attention  # noqa: F401  (registers MultiHeadLatentAttention as a subclass)
+
+    subclasses = CausalSelfAttention.__subclasses__()
+    assert subclasses, "MultiHeadLatentAttention is a subclass of CausalSelfAttention"
+    for subclass in subclasses:
+        replaced = {name for name in vars(subclass) if callable(getattr(CausalSelfAttention, name, None))}
+        assert replaced - {"__init__"} <= set(CausalSelfAttention.HOOKS), f"{subclass.__name__} replaces {replaced}"
