@@ -19,9 +19,17 @@ and `stream_text` are the text ends of it that scripts/sample.py and the trainer
 
 Past the context: the model only ever conditions on the last `context_length` tokens (default
 block_size), at positions 0..context_length-1, as if that window were the whole text (nanoGPT's
-cropping). Both paths do the same: once the cache is full, each further step re-prefills the window
-of the last context_length tokens, so tokens beyond it cost as much as uncached decoding but are
-exactly the same tokens. Learned positions end at block_size, so that is also their limit;
+cropping). Both paths compute the same tokens. Where the model's last token provably reads nothing
+before that window (`rolls`: rotary positions, every layer windowed, the layers' reach within the
+window, no pointer), the cache rolls (model/kv_cache.py): each further token drops the oldest slot and
+costs what a token before the context did. Elsewhere, once the cache is full, each further step
+re-prefills the window of the last context_length tokens, which costs as much as uncached decoding:
+- a full-context layer reads the whole window, and cropping changes the keys of the window's first
+  tokens (they lose their history), so no rolled cache holds what the recompute reads;
+- learned and sinusoidal positions are absolute: a recompute puts the window at positions 0..T-1;
+- the pointer (model/pointer.py) reads the states of every position in the window, whose first ones
+  a recompute computes with a cropped history.
+Learned positions end at block_size, so that is also their limit;
 sinusoidal and rotary positions are defined everywhere, so those models may take a context_length
 beyond the block_size they were trained on. That runs, and the cache is sized for it, but a model
 has never seen those positions (RoPE: those rotation angles) in training, and its loss there is
@@ -53,8 +61,9 @@ MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
 
 @dataclass(frozen=True)
 class SamplingParams:
-    # tokens to generate after the prompt (>= 1); once prompt and sample pass context_length, each further
-    # token re-reads the whole window (no rolling cache): several times slower than the tokens before it
+    # tokens to generate after the prompt (>= 1); past context_length the cache rolls at the same cost per token
+    # where the model reads no further back (rotary positions, every layer windowed, no pointer: the default's);
+    # elsewhere each further token re-reads the whole window, hundreds of times slower for a 4,096-token window
     max_new_tokens: int = 200
     temperature: float = 0.8  # divides the logits; 0 = greedy (argmax, deterministic)
     top_k: int | None = 200  # sample among the k most likely tokens only; none = no limit
@@ -235,6 +244,28 @@ def check_context_length(model: "GPT", context_length: int | None) -> int:
     return context_length
 
 
+def reach(model: "GPT") -> int | None:
+    """How many tokens back the last token's logits can depend on, itself included: 1 + the sum of each
+    layer's window - 1 (each layer reads window - 1 earlier states of the layer below), plus one more for
+    a bigram table (a token's embedding reads the token before it). None where a layer sees every key."""
+    c = model.config
+    windows = [c.layer_window(layer) for layer in range(c.n_layer)]
+    if None in windows:
+        return None
+    return 1 + sum(w - 1 for w in windows) + (1 if c.bigram_embeds else 0)
+
+
+def rolls(model: "GPT", context: int, pointer: bool) -> bool:
+    """Whether a rolling cache computes exactly what re-prefilling the last `context` tokens computes:
+    rotary positions (a score depends on the distance between query and key alone, so a window's keys
+    rotated at their absolute positions score as one recomputed at 0..context - 1), the whole reach within
+    the window, and no pointer in use (it reads every position's state in the window)."""
+    if model.config.pos_encoding != "rope" or (pointer and model.config.pointer_weight > 0):
+        return False
+    needed = reach(model)
+    return needed is not None and needed <= context
+
+
 def check_prompt(model: "GPT", idx: Tensor) -> None:
     """ValueError unless idx is a (B, T >= 1) batch of ids the embedding holds: caught here in one line,
     not as an IndexError deep in the model (on CUDA, a device-side assert). One host sync per call."""
@@ -277,11 +308,13 @@ def stream_tokens(
     if padding_mask is not None:
         real = torch.ones(B, capacity, dtype=torch.bool, device=idx.device)
         real[:, :kept] = padding_mask[:, T - kept :]
-    cache = model.new_cache(B, min(context, T + max_new_tokens)) if params.use_cache else None
+    cache = None
+    if params.use_cache:
+        cache = model.new_cache(B, min(context, T + max_new_tokens), rolling=rolls(model, context, params.pointer))
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     length = kept
     for step in range(max_new_tokens):
-        if cache is not None and step > 0 and cache.length < cache.max_length:
+        if cache is not None and step > 0 and (cache.rolling or cache.length < cache.max_length):
             logits, _ = model(tokens[:, length - 1 : length], cache=cache, last_only=True, pointer=params.pointer)
         else:  # (re-)prefill the window of the last `context` tokens
             start = max(0, length - context)

@@ -223,14 +223,17 @@ class GPT(nn.Module):
         """The longest sequence this model can take: block_size for learned positions, else None (any)."""
         return self.config.block_size if self.config.pos_encoding == "learned" else None
 
-    def new_cache(self, batch_size: int, max_length: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int, max_length: int | None = None, rolling: bool = False) -> KVCache:
         """An empty KV cache: batch_size rows of up to max_length tokens (default block_size; learned
-        positions allow no more), keeping n_kv_head heads per layer and only the window of a windowed one."""
+        positions allow no more), keeping n_kv_head heads per layer and only the window of a windowed one.
+        rolling: once full, each further token drops the oldest (model/kv_cache.py; rotary positions only)."""
         c = self.config
         max_length = max_length or c.block_size
         limit = self.max_context()
         if max_length < 1 or (limit is not None and max_length > limit):
             raise ValueError(f"KV cache length {max_length} must be in [1, block_size={c.block_size}]")
+        if rolling and c.pos_encoding != "rope":
+            raise ValueError(f"a rolling KV cache needs rotary positions; model.pos_encoding={c.pos_encoding!r}")
         weight = self.tok_emb.weight
         windows = [c.layer_window(layer) for layer in range(c.n_layer)]
         heads, key_width, value_width = cache_layout(c)  # MLA: its latent (model/latent_attention.py)
@@ -246,6 +249,7 @@ class GPT(nn.Module):
             windows,
             value_width,
             pointer_width,
+            rolling,
         )
 
     def num_params(self, exclude_embeddings: bool = False) -> int:

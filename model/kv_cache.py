@@ -13,6 +13,14 @@ update returns the kept slots followed by the new ones, so attention sees the la
 order, the one lower-right-aligned window mask applies unchanged, and the padding of those slots is
 the last columns of the cache's padding mask. Positions and RoPE come before the cache as for a full
 layer: a kept key carries the rotation of its own position.
+
+A rolling cache (rolling=True) takes one token at a time past its max_length: the oldest slot (every
+layer's keys and values, its padding, pointer state and token) is dropped, the rest move one slot to
+the front, and positions keep counting. A windowed layer keeps its last window - 1 slots as before; a
+full layer then sees the last max_length keys. It is for models whose output never reads further back
+than the cache holds (generation/generate.py, `rolls`): under rotary positions each kept key carries
+the rotation of its absolute position and a score depends only on the distance between query and key,
+so the rolled cache computes what a recompute of the last max_length tokens at 0..max_length - 1 does.
 """
 
 import torch
@@ -57,6 +65,11 @@ class LayerCache:
         self.values[:, :, start:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]  # (B, H_kv, end, d_k)
 
+    def drop_oldest(self) -> None:
+        """Move every slot one to the front, forgetting slot 0 (a rolling cache that is full)."""
+        for buffer in (self.keys, self.values):
+            buffer[:, :, :-1] = buffer[:, :, 1:].clone()  # an overlapping in-place copy is undefined
+
 
 class WindowLayerCache(LayerCache):
     """A sliding-window layer's view of a KVCache: keeps the last window - 1 keys/values, in order."""
@@ -80,6 +93,10 @@ class WindowLayerCache(LayerCache):
         self.values[:, :, :keep] = values[:, :, first:]
         return keys, values
 
+    def drop_oldest(self) -> None:
+        """Nothing to move: the kept slots are the last window - 1 however many the cache dropped before them
+        (a rolling cache past its length takes one token at a time, so `start` >= max_length - 1 >= window - 1)."""
+
 
 class KVCache:
     """Keys and values of every layer for a batch of sequences, for up to `max_length` slots.
@@ -88,7 +105,8 @@ class KVCache:
     a layer whose window is shorter than max_length keeps only window - 1 slots (WindowLayerCache).
 
     Use: `positions, padding = cache.reserve(T, padding_mask)` once per forward pass (the model
-    does this), then each attention layer calls `cache.layers[i].update(k, v)`.
+    does this), then each attention layer calls `cache.layers[i].update(k, v)`. rolling: once full, each
+    further token drops the oldest slot instead of being refused (one token at a time).
     """
 
     def __init__(
@@ -103,6 +121,7 @@ class KVCache:
         windows: list[int | None] | None = None,
         d_v: int | None = None,
         pointer_width: int = 0,
+        rolling: bool = False,
     ) -> None:
         d_v = d_k if d_v is None else d_v  # a value's width; MLA caches its latent as a key with no value (0)
         windows = windows if windows is not None else [None] * n_layer
@@ -128,6 +147,8 @@ class KVCache:
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens seen, per row
         self.start = 0  # first slot of the tokens in flight
         self.length = 0  # slots filled (the same for every row)
+        self.rolling = rolling
+        self.dropped = 0  # slots a rolling cache has dropped from the front
         self.padded = False  # any padding so far; without it attention needs no padding mask
         # Per row, the last real token so far, which a model with a bigram table keeps here (GPT.forward).
         self.last_token = torch.full((batch_size,), NO_TOKEN, dtype=torch.long, device=device)
@@ -145,7 +166,7 @@ class KVCache:
         """Forget every token (the buffers are reused, not freed)."""
         self.real.fill_(True)
         self.n_real.zero_()
-        self.start = self.length = 0
+        self.start = self.length = self.dropped = 0
         self.padded = False
         self.last_token.fill_(NO_TOKEN)
 
@@ -156,7 +177,17 @@ class KVCache:
         (B, self.length), or None when no slot is padding.
         """
         if self.length + length > self.max_length:
-            raise ValueError(f"KV cache is full: {self.length} + {length} tokens exceed its {self.max_length} slots")
+            if not self.rolling:
+                raise ValueError(
+                    f"KV cache is full: {self.length} + {length} tokens exceed its {self.max_length} slots"
+                )
+            if length != 1:
+                # a chunk's first queries would see fewer slots than the cache holds: not what a recompute sees
+                raise ValueError(
+                    f"a rolling KV cache takes one token at a time once full: {self.length} + {length} tokens "
+                    f"exceed its {self.max_length} slots"
+                )
+            self.drop_oldest()
         device = self.n_real.device
         positions = token_positions(length, padding_mask, self.n_real, device)
         self.start, self.length = self.length, self.length + length
@@ -167,6 +198,17 @@ class KVCache:
             self.n_real += padding_mask.sum(-1)
             self.padded = True
         return positions, self.real[:, : self.length] if self.padded else None
+
+    def drop_oldest(self) -> None:
+        """Forget the oldest slot of a full cache: every layer's, its padding, pointer state and token."""
+        for layer in self.layers:
+            layer.drop_oldest()
+        for buffer in (self.real, self.pointer_states, self.tokens):
+            if buffer.shape[1]:
+                buffer[:, :-1] = buffer[:, 1:].clone()
+        self.real[:, -1] = True
+        self.length -= 1
+        self.dropped += 1
 
 
 def cache_layout(config: GPTConfig) -> tuple[int, int, int]:

@@ -2,10 +2,12 @@
 for every attention/position variant (tests/variants.py); a sliding-window layer's cache keeps only
 its window and still computes what a cache of every slot does."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from generation.generate import SamplingParams, generate, pad_prompts
+from generation.generate import SamplingParams, generate, pad_prompts, reach, rolls
 from model import GPT, GPTConfig
 from model.kv_cache import KVCache, token_positions
 from tests.variants import BACKENDS, VARIANT_HEADS, VARIANTS, backend_variants, variant_cases, variant_model
@@ -294,3 +296,153 @@ def test_a_window_as_long_as_the_cache_keeps_every_slot_and_bad_windows_are_refu
         KVCache(n_layer=2, batch_size=1, n_kv_head=1, max_length=6, d_k=2, windows=[4])
     with pytest.raises(ValueError, match=r"KV cache windows \[0, None\] are invalid; each must be >= 1"):
         KVCache(n_layer=2, batch_size=1, n_kv_head=1, max_length=6, d_k=2, windows=[0, None])
+
+
+# -- rolling: past its length a cache drops its oldest slot, for models that read no further back -----------
+
+CONTEXT = 16
+# Tiny models of every position type and window setting, with context 16 and how the sampler decodes past it:
+# "roll" where every layer is windowed within the window (reach <= 16) under rotary positions, else "recompute".
+ROLLING_CASES = {
+    "learned_windowed": ({"window_pattern": "S", "window_size": 4}, "recompute"),  # absolute positions
+    "sinusoidal_windowed": ({"pos_encoding": "sinusoidal", "window_pattern": "S", "window_size": 4}, "recompute"),
+    "rope_full": ({"pos_encoding": "rope"}, "recompute"),  # a layer reads the whole window
+    "rope_window_then_full": ({"pos_encoding": "rope", "window_pattern": "SL", "window_size": 4}, "recompute"),
+    "rope_reach_past_context": ({"pos_encoding": "rope", "window_pattern": "S", "window_size": 9}, "recompute"),
+    "rope_windowed": (VARIANTS["window_long"] | {"pos_encoding": "rope"}, "roll"),  # reach 1 + 3 + 5 = 9
+    "rope_window_8": ({"pos_encoding": "rope", "window_pattern": "S", "window_size": 8}, "roll"),  # reach 15
+    # one layer whose window is the whole cache: a full layer's buffer, which rolling moves one slot to the front
+    "rope_window_as_long_as_context": (
+        {"pos_encoding": "rope", "window_pattern": "S", "window_size": CONTEXT, "n_layer": 1},
+        "roll",
+    ),
+    "default_run": (VARIANTS["default_run"], "roll"),  # sampling's pointer off; reach 9 + 1 (bigram)
+    "mla_windowed": ({"mla_latent": 16, "pos_encoding": "rope", "window_pattern": "S", "window_size": 5}, "roll"),
+    "gqa_qk_norm_sinks": (
+        {"pos_encoding": "rope", "n_kv_head": 2, "qk_norm": True, "attn_sinks": True, "window_pattern": "S"}
+        | {"window_size": 5},
+        "roll",
+    ),
+}
+
+
+def rolling_case_config(name: str, backend: str = "auto") -> GPTConfig:
+    overrides, _ = ROLLING_CASES[name]
+    shape = {"n_layer": 2, "n_head": 6, "d_model": 48, "d_k": 12}
+    return GPTConfig(vocab_size=VOCAB, block_size=CONTEXT, attn_backend=backend, **(shape | overrides))
+
+
+def rolling_case_model(name: str, backend: str = "auto") -> GPT:
+    torch.manual_seed(0)
+    return widen_weights(GPT(rolling_case_config(name, backend)).eval())
+
+
+@pytest.mark.parametrize("name", list(ROLLING_CASES))
+def test_past_the_context_sampling_rolls_exactly_where_the_model_reads_no_further_back(name):
+    """Decoding 3x past the context equals a recompute of the last 16 tokens at positions 0..15 (the window
+    every layer type is defined on), token for token: greedy against the model on each cropped window, and
+    sampled against the uncached path with the same seed. After the prefill every forward pass of a rolling
+    model takes one token (its cost per token stays that of one cached step), while the others re-prefill the
+    16-token window at every step past the context."""
+    model = rolling_case_model(name)
+    lengths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args: lengths.append(args[0].shape[1]))
+    try:
+        greedy = generate(model, prompt(1, 5), SamplingParams(44, temperature=0, top_k=None, seed=None))
+        sampled = generate(model, prompt(1, 5), SamplingParams(44, temperature=1.0, top_k=None, seed=7))
+    finally:
+        hook.remove()
+    expected_roll = ROLLING_CASES[name][1] == "roll"
+    assert rolls(model, CONTEXT, pointer=False) is expected_roll
+    past = lengths[CONTEXT - 5 + 1 : 44] + lengths[44 + CONTEXT - 5 + 1 :]  # each run's steps once 16 are in
+    assert set(past) == ({1} if expected_roll else {CONTEXT}), past
+    with torch.no_grad():
+        for length in range(5, greedy.shape[1]):
+            logits, _ = model(greedy[:, max(0, length - CONTEXT) : length], pointer=False)
+            assert greedy[0, length].item() == logits[0, -1].argmax().item(), f"token {length} differs"
+    recomputed = generate(model, prompt(1, 5), SamplingParams(44, temperature=1.0, top_k=None, seed=7, use_cache=False))
+    assert torch.equal(sampled, recomputed)
+    assert len(set(sampled[0, 5:].tolist())) > 10, "the test should not sit on a few repeated tokens"
+
+
+def computes(name: str, backend: str) -> bool:
+    try:
+        rolling_case_config(name, backend).validate()
+    except ValueError:  # a kernel that cannot compute a variant (sinks on sdpa) refuses it
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "backend,name",
+    [(b, n) for b in BACKENDS for n, (_, how) in ROLLING_CASES.items() if how == "roll" and computes(n, b)],
+)
+def test_a_rolled_cache_gives_the_logits_of_recomputing_the_last_max_length_tokens(backend, name):
+    """Logits, not only the argmax: each of 40 single-token steps past a full 16-slot cache, under sampled
+    tokens, against the model on the last 16 tokens recomputed at positions 0..15. Positions in the cache run
+    on to 55, past block_size, and each kept key keeps the rotation of its own."""
+    model = rolling_case_model(name, backend)
+    cache = model.new_cache(2, CONTEXT, rolling=True)
+    tokens = prompt(2, CONTEXT)
+    sampler = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        logits, _ = model(tokens, cache=cache, pointer=False)
+        for _ in range(40):
+            next_id = torch.multinomial(logits[:, -1].softmax(-1), 1, generator=sampler)  # (B, 1)
+            tokens = torch.cat([tokens, next_id], dim=1)
+            logits, _ = model(next_id, cache=cache, pointer=False)
+            expected, _ = model(tokens[:, -CONTEXT:], pointer=False)
+            torch.testing.assert_close(logits[:, -1], expected[:, -1], atol=1e-4, rtol=0)
+    assert cache.length == CONTEXT and cache.dropped == 40 and cache.n_real.tolist() == [56, 56]
+
+
+def test_a_padded_batch_rolls_as_each_prompt_alone():
+    """Left padding rolls off the front with the oldest slots: each row of a padded batch decoded 30 tokens past
+    the context gets the tokens it gets alone (uncached, recomputing the window)."""
+    model = rolling_case_model("default_run")
+    prompts = [prompt(1, n, seed=n)[0].tolist() for n in (3, 11)]
+    idx, padding_mask = pad_prompts(prompts)
+    batched = generate(model, idx, SamplingParams(30, temperature=0, top_k=None, seed=None), padding_mask=padding_mask)
+    for row, p in enumerate(prompts):
+        alone = generate(model, torch.tensor([p]), SamplingParams(30, temperature=0, use_cache=False, seed=None))
+        assert torch.equal(batched[row, -30:], alone[0, -30:])
+
+
+def test_a_rolling_cache_drops_the_oldest_slot_and_refuses_chunks_once_full():
+    cache = KVCache(n_layer=2, batch_size=1, n_kv_head=1, max_length=4, d_k=1, windows=[None, 3], rolling=True)
+    full, windowed = cache.layers
+    for position in range(7):
+        positions, _ = cache.reserve(1)
+        assert positions.tolist() == [[position]]  # positions run on past the 4 slots
+        key = torch.full((1, 1, 1, 1), float(position))
+        keys, _ = full.update(key, key)
+        window_keys, _ = windowed.update(key, key)
+        assert keys.flatten().tolist() == [float(p) for p in range(max(0, position - 3), position + 1)]
+        assert window_keys.flatten().tolist() == [float(p) for p in range(max(0, position - 2), position + 1)]
+    assert cache.length == 4 and cache.dropped == 3
+    with pytest.raises(ValueError, match="a rolling KV cache takes one token at a time once full: 4 \\+ 2 tokens"):
+        cache.reserve(2)
+    cache.reset()
+    assert cache.reserve(4)[0].tolist() == [[0, 1, 2, 3]] and cache.dropped == 0
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
+def test_absolute_positions_cannot_roll(pos_encoding):
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=8, n_layer=1, n_head=1, d_model=8, pos_encoding=pos_encoding))
+    with pytest.raises(
+        ValueError, match=f"a rolling KV cache needs rotary positions; model.pos_encoding='{pos_encoding}'"
+    ):
+        model.new_cache(1, rolling=True)
+
+
+def test_the_default_models_reach_is_318_tokens_and_it_rolls_without_the_pointer():
+    """The default (configs/model/small.yaml): three layers of 64 keys, one of 128 and a bigram table reach
+    1 + 3 * 63 + 127 + 1 = 318 tokens, well within its 4,096; with --pointer it reads every state of the window."""
+    from bench.bench_train import load_config
+
+    cfg = load_config([])
+    model = GPT(dataclasses.replace(cfg.model, vocab_size=cfg.data.bpe_vocab_size))
+    assert reach(model) == 318
+    assert rolls(model, model.config.block_size, pointer=False)
+    assert not rolls(model, model.config.block_size, pointer=True)
+    assert not rolls(model, 317, pointer=False)
