@@ -13,6 +13,7 @@ from pathlib import Path
 from analysis.trained import check_checkpoint_data, find_checkpoint, load_model
 from data.config import DataConfig
 from data.prepare import prepare
+from data.text_file import read_json
 from rundir.files import atomic_write_bytes
 from training.evaluate import split_loss
 from training.runtime import autocast, resolve_precision
@@ -51,10 +52,10 @@ def full_val(run_dir: Path) -> dict:
     ckpt = find_checkpoint(run_dir)
     stamp = checkpoint_stamp(ckpt)
     saved = run_dir / FULL_VAL
-    if saved.is_file():
+    if saved.exists():
         try:
-            record = json.loads(saved.read_text())
-        except (OSError, ValueError):  # torn or foreign: scored again, and replaced
+            record = read_json(saved)
+        except ValueError:  # torn, foreign or past the bounds (data.text_file): scored again, and replaced
             record = {}
         if isinstance(record, dict) and record.get("from") == stamp:
             return record["score"]

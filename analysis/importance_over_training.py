@@ -27,6 +27,7 @@ from analysis.fixed_windows import check_tokens_asked, val_windows, window_lengt
 from analysis.head_importance import head_scores
 from analysis.outputs import check_out_dir, check_replaceable
 from analysis.trained import Trained, load_trained
+from data.text_file import Refused, read_json
 from rundir.checkpoints import checkpoint_step
 
 log = logging.getLogger(__name__)
@@ -214,10 +215,10 @@ def read_importance_over_training(run: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{str(run)!r} has no {OUTPUTS[0]} yet; write it with: {command(run)}")
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
+        results = read_json(path)
         check_results(results)
     except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: bad JSON or UTF-8, or a wrong shape
-        problem = f"{type(e).__name__}: {e}"
+        problem = e.reason if isinstance(e, Refused) else f"{type(e).__name__}: {e}"
         raise ValueError(
             f"{str(path)!r} cannot be read ({problem}); write it again with: {command(run)} --force"
         ) from None

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data.text_file import NotJSON, Refused, json_records, open_regular, read_json_object, read_yaml_text
 from rundir.files import METRICS, RUN_INFO, SUMMARY, live_run_in
 from rundir.records import flatten
 
@@ -33,6 +35,8 @@ INTERRUPTED = "interrupted at a saved step (resume=auto continues it)"  # Ctrl-C
 RUNNING = "still running"  # a live process holds its lock: a report of a sweep under way
 UNREADABLE, NO_VAL_LOSS = "unreadable", "completed without a final val/loss"
 NONFINITE = "completed with a non-finite val/loss"  # a NaN or inf is no result: no mean or interval holds it
+
+MAX_LOG_BYTES = 2**20  # of a train.log's end: its last error and how it stopped are there
 
 # Keys that never make two runs different experiments: the seed is what a cell aggregates over; the
 # rest say where a run writes or how it logs. A prefix ending in "." covers a whole group.
@@ -93,36 +97,42 @@ class Cell:
 
 
 def read_object(path: Path) -> dict[str, Any] | None:
-    """A JSON object file, None if absent; JSONDecodeError if cut short, ValueError if not an object."""
-    if not path.is_file():
+    """A JSON object file, None if absent; Refused naming it (bounded read, not JSON, not an object)."""
+    if not path.exists() or path.is_dir():
         return None
-    value = json.loads(path.read_text(errors="replace"))
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} holds a JSON {type(value).__name__}; a run record must be a JSON object")
-    return value
+    return read_json_object(path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl up to a line cut short by a crash; ValueError for a non-object line."""
+    """The records of metrics.jsonl up to a line cut short by a crash, read a bounded line at a time; Refused
+    naming it for a non-object line, a line or a file past the bounds, a file that is not a regular file."""
     records = []
-    if path.is_file():
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a crash
+    if path.exists() and not path.is_dir():
+        for number, record in json_records(path):
+            if isinstance(record, NotJSON):  # a line cut short by a crash
                 break
             if not isinstance(record, dict):
-                raise ValueError(f"{path} line {number} is {line.strip()[:40]!r}; each line must be a JSON object")
+                raise Refused(
+                    repr(str(path)), f"line {number} is {json.dumps(record)[:40]!r}; each line must be a JSON object"
+                )
             records.append(record)
     return records
 
 
 def log_lines(log_path: Path) -> list[str]:
-    """A run's train.log, line by line; none where it is absent or unreadable (that only loses its messages)."""
+    """A run's train.log, line by line (its last MAX_LOG_BYTES); none where it is absent or unreadable (that
+    only loses its messages)."""
     try:
-        return log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
-    except OSError:
+        return log_tail(log_path).splitlines()
+    except (OSError, ValueError):
         return []
+
+
+def log_tail(path: Path) -> str:
+    """The last MAX_LOG_BYTES of a log (where its last error is), read through a regular file only."""
+    with open_regular(path) as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - MAX_LOG_BYTES))
+        return f.read(MAX_LOG_BYTES).decode(errors="replace")
 
 
 def last_error(lines: list[str]) -> str | None:
@@ -157,12 +167,13 @@ def parse_overrides(lines: list[str]) -> list:
 
 
 def read_yaml(path: Path) -> Any:
-    """A YAML file as plain Python, None if absent or not YAML OmegaConf reads."""
+    """A YAML file as plain Python, None if absent or not YAML OmegaConf reads (bounded, alias bombs refused:
+    data.text_file.read_yaml_text)."""
     if not path.is_file():
         return None
     try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except (OmegaConfBaseException, ValueError, UnicodeDecodeError, OSError):
+        return OmegaConf.to_container(OmegaConf.create(read_yaml_text(path)), resolve=False)
+    except (OmegaConfBaseException, ValueError, OSError):
         return None
 
 
@@ -239,19 +250,16 @@ def read_run(run_dir: Path) -> Run:
     broken = []
     try:
         records = read_jsonl(run_dir / METRICS)
-    except OSError as e:
+    except Refused as e:
         records = []
-        broken.append(f"{METRICS} cannot be read ({e.strerror or e})")
+        broken.append(f"{METRICS} {e.reason}")
     objects = {}
     for name in (RUN_INFO, SUMMARY):
         try:
             objects[name] = read_object(run_dir / name)
-        except json.JSONDecodeError as e:
+        except Refused as e:
             objects[name] = None
-            broken.append(f"{name} is not valid JSON ({e.msg} at char {e.pos})")
-        except OSError as e:
-            objects[name] = None
-            broken.append(f"{name} cannot be read ({e.strerror or e})")
+            broken.append(f"{name} {e.reason}")
     info, summary = objects[RUN_INFO], objects[SUMMARY]
     if summary is not None and info is None and not any(b.startswith(RUN_INFO) for b in broken):
         # a finished run's size and shape: the table reads them (it was an AttributeError traceback)

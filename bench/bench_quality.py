@@ -55,6 +55,7 @@ from cli.schema_help import OneLineParser, at_least
 from cli.sweep_jobs import LAUNCHER_PID
 from data.config import DataConfig
 from data.prepare import prepare
+from data.text_file import Refused, read_json, read_json_object
 from rundir.files import SUMMARY
 from studies.fairness import measure_seconds_per_step
 from training.config import TrainConfig
@@ -174,7 +175,7 @@ def run_recipe(name: str, overrides: list[str], length: list[str], seed: int, ou
     score = subprocess.run([sys.executable, __file__, "--score", str(out)], capture_output=True, text=True, env=env)
     if score.returncode != 0:
         raise RuntimeError(f"scoring {name} failed:\n{score.stderr[-2000:]}")
-    summary = json.loads((out / SUMMARY).read_text())
+    summary = read_json_object(out / SUMMARY)
     row = {"recipe": name, "seed": seed, "steps": summary["step"], "tokens_per_s": summary["tokens_per_s"]}
     return row | {"wall_s": wall} | json.loads(score.stdout.strip().splitlines()[-1])
 
@@ -292,8 +293,10 @@ def read_steps(path: Path, args: argparse.Namespace, parser: argparse.ArgumentPa
     the same overrides after -- and the same --budget (a 60 s file trained a "300 s" table's runs)."""
     recipes = args.recipes
     try:
-        timing = json.loads(path.read_text())
+        timing = read_json(path, "--steps-from")
         timed = timing["recipes"]
+    except Refused as e:
+        parser.error(f"{e.where}: not a --time-only file ({e.reason})")
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"--steps-from {path}: not a --time-only file ({type(e).__name__}: {e})")
     if (budget := timing.get("budget")) != args.budget:

@@ -45,6 +45,7 @@ from cli.config import compose_configs, composition_error, to_train_config
 from cli.schema_help import OneLineParser, at_least
 from data.batches import sample_batch
 from data.prepare import PreparedData, prepare
+from data.text_file import read_json_object
 from interop.hf_model import in_gpt2_layout, to_hf_config
 from model import GPT
 from rundir.files import SUMMARY
@@ -171,7 +172,7 @@ def loop_overhead(job: dict) -> dict:
             cfg.seed += round_
             with contextlib.redirect_stderr(io.StringIO()):  # the bar runs, out of sight
                 train(cfg)
-            loop = json.loads((Path(out) / SUMMARY).read_text())["tokens_per_s"]
+            loop = read_json_object(Path(out) / SUMMARY)["tokens_per_s"]
         overheads.append(1 - loop / statistics.median(rates))
     return {"overheads": overheads}
 

@@ -33,6 +33,7 @@ import zstandard
 from data.config import DataConfig, resolve_cache_dir
 from data.prepare import FORMAT_VERSION, fingerprint, split_chunks
 from data.sources import load_documents, source_identity
+from data.text_file import read_json_object
 from rundir.files import atomic_write_bytes
 
 PPMD_ORDERS = range(6, 17)
@@ -124,7 +125,7 @@ def baselines(cfg: DataConfig, meta: dict, cpu: str) -> dict:
         return {"skipped": reason}
     path = cache_path(cfg)
     if path.is_file():
-        return json.loads(path.read_text())
+        return read_json_object(path, "compressor baselines cache")
     train, docs = split_texts(cfg)
     val_bytes = sum(map(len, docs))
     assert (len(docs), val_bytes) == (meta["num_documents"]["val"], meta["val_bytes"]), (

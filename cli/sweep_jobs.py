@@ -39,6 +39,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cli.errors import error_line
+from data.text_file import read_json_object, read_yaml_text
 
 JOB_FILE = "ATTNLAB_SWEEP_JOB"  # set in a job's environment: the YAML config it runs
 LAUNCHER_PID = "ATTNLAB_LAUNCHER_PID"  # the process that started train.py (a sweep, bench_quality): it dies with it
@@ -200,7 +201,7 @@ def job_return(job: Job) -> JobReturn:
     ret.task_name = config.hydra.job.name
     stopped = False
     try:
-        outcome = json.loads(job.result.read_text())
+        outcome = read_json_object(job.result)
     except (OSError, ValueError):
         code, stopped = job.process.returncode, True
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -239,7 +240,8 @@ def run_job_file(job_file: Path, task_function: Callable[[DictConfig], Any]) -> 
     The launcher's process calls the sweep's callbacks, so none run here."""
     from hydra._internal.callbacks import Callbacks
 
-    config = OmegaConf.load(job_file)  # plain YAML: train.py's to_train_config types the task against its schema
+    # plain YAML: train.py's to_train_config types the task against its schema
+    config = OmegaConf.create(read_yaml_text(job_file, "job file"))
     assert isinstance(config, DictConfig)
     with open_dict(config):  # and Hydra's own node against Hydra's (HydraConfig.set_config insists on it)
         schema = OmegaConf.structured(HydraConf)

@@ -25,6 +25,7 @@ from cli.config import CONFIG_DIR, check_override_words, config_options, hydra_v
 from cli.errors import replace_unencodable
 from cli.sweep_check import check_every_job, live_sweep
 from cli.sweep_jobs import jobs_at_a_time
+from data.text_file import read_yaml_text
 from rundir.checkpoint import read_header
 from rundir.checkpoints import BEST, CheckpointDir, find_checkpoint, run_files
 from rundir.files import RunDirInUse, live_run_in, run_dir_itself
@@ -430,7 +431,7 @@ def sweeping_recipe(args: Sequence[str]) -> str | None:
         key, _, name = arg.lstrip("+").partition("=")
         path = CONFIG_DIR / "experiment" / f"{name}.yaml"
         if key == "experiment" and path.is_file():
-            mode = OmegaConf.select(OmegaConf.load(path), "hydra.mode", default=None)
+            mode = OmegaConf.select(OmegaConf.create(read_yaml_text(path, "recipe")), "hydra.mode", default=None)
             if str(mode) == "MULTIRUN":
                 return arg
     return None

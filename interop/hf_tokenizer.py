@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data.text_file import NotJSON, read_json
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -150,12 +152,12 @@ def read_own_tokenizer(hf_dir: Path) -> dict | None:
     hf_dir, else None (no tokenizer.json, or one of another shape: GPT-2's BPE, say)."""
     path = Path(hf_dir) / "tokenizer.json"
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
+        spec = read_json(path, "tokenizer")  # bounded; a FIFO or a file past the cap is refused in one line
         model, added = spec["model"], spec.get("added_tokens", [])
         vocab, decoder = model["vocab"], (spec.get("decoder") or {}).get("type")
         if model["type"] != "BPE":
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FileNotFoundError, NotJSON, KeyError, TypeError, AttributeError):
         return None
     eot = [t.get("id") for t in added if t.get("content") == EOT_TEXT]
     if decoder == "ByteLevel" and eot == [0]:  # ours: EOT first; GPT-2's own puts it last

@@ -12,18 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from analysis import importance_over_training, report, sweep
+from data.text_file import Refused
 from rundir.files import METRICS
 
 CURVE_KEYS = ("train/loss", "val/loss")
 
 
 def curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) per metric key of CURVE_KEYS that the run logged; ValueError naming the file when
-    the OS will not let it be read (permissions, I/O)."""
+    """(step, value) per metric key of CURVE_KEYS that the run logged; ValueError naming the file when it
+    cannot be read (permissions, I/O, past the bounds of data.text_file)."""
     try:
         records = sweep.read_jsonl(run_dir / METRICS)
-    except OSError as e:
-        raise ValueError(f"{METRICS} of {str(run_dir)!r} cannot be read ({e.strerror or e})") from None
+    except Refused as e:
+        raise ValueError(f"{METRICS} of {str(run_dir)!r} {e.reason}") from None
     out = {key: [(r["step"], r[key]) for r in records if key in r and "step" in r] for key in CURVE_KEYS}
     # a diverged or skipped step's NaN/inf has no place on the chart (plot_run.py leaves it out too)
     out = {

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from data.text_file import NotJSON, loads_json, read_bytes
 from lab import api
 from lab.session import LabSession
 
@@ -58,9 +59,8 @@ class RefusedBody(ValueError):
 def json_object(body: bytes) -> dict:
     """A request body as a JSON object ({} when empty); ValueError for anything else."""
     try:
-        value = json.loads(body or b"{}")
-    # ValueError: not JSON, not UTF-8, or an integer of over 4300 digits; RecursionError: [[[[... nested
-    except (ValueError, RecursionError):
+        value = loads_json(body or b"{}", "the request body")
+    except NotJSON:  # not JSON, not UTF-8, a 5000-digit integer, or [[[[... nested past MAX_DEPTH
         raise ValueError("the request body is not JSON") from None
     if not isinstance(value, dict):
         raise ValueError("the request body must be a JSON object")
@@ -170,7 +170,14 @@ class LabHandler(BaseHTTPRequestHandler):
         # Only files directly in static/ by their plain name: no '..', no sub-folders, no other paths.
         if "/" in name or file.suffix not in CONTENT_TYPES or not file.is_file():
             return self.send_json(HTTPStatus.NOT_FOUND, {"error": f"no page at {path}"})
-        self.send_bytes(HTTPStatus.OK, file.read_bytes(), CONTENT_TYPES[file.suffix])
+        self.answer_file(file)
+
+    def answer_file(self, file: Path) -> None:
+        try:
+            body = read_bytes(file)
+        except (ValueError, OSError) as e:  # the lab's own files: a broken install, not the page's fault
+            return self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error_text(e)}"})
+        self.send_bytes(HTTPStatus.OK, body, CONTENT_TYPES[file.suffix])
 
     def do_POST(self) -> None:
         body = self.take_body()

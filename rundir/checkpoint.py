@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from data.text_file import NotJSON, loads_json
 from rundir.files import atomic_write_bytes
 
 FORMAT = "attnlab-checkpoint"
@@ -168,7 +169,7 @@ def read_header(path: str | Path) -> tuple[dict, list[str]]:
     """A checkpoint's attnlab meta and tensor names from its header alone, no weights read and nothing checked
     (load_checkpoint checks); safetensors' own error for a damaged file, KeyError/ValueError for a foreign one."""
     with safetensors.safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {})["attnlab"]), list(f.keys())
+        return loads_json((f.metadata() or {})["attnlab"], f"checkpoint {str(path)!r} header"), list(f.keys())
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -214,8 +215,8 @@ def read_checkpoint(path: Path, where: str) -> Checkpoint:
         raise ValueError(f"{where} is corrupt or not a safetensors file ({msg})") from None
     header = metadata.get("attnlab") or "null"
     try:
-        meta = json.loads(header)
-    except json.JSONDecodeError:
+        meta = loads_json(header, where)
+    except NotJSON:  # not JSON, or nested past any header's depth
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{where} is not an attnlab checkpoint (no {FORMAT!r} header)")

@@ -9,7 +9,6 @@
   with no checkpoint it starts afresh only where that replaces no run's files, as a fresh run does.
 """
 
-import json
 import logging
 import os
 import re
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from data.text_file import NotJSON, json_lines, loads_json
 from rundir.checkpoint import load_checkpoint, save_checkpoint
 from rundir.files import (
     METRICS,
@@ -293,19 +293,17 @@ class CheckpointDir:
 def trim_metrics(path: Path, step: int) -> None:
     """Keep only records up to `step` (and no torn last line), so a resumed run logs each step once;
     step -1 keeps none (a record without a step counts as step 0)."""
-    if not path.is_file():
+    if not path.exists():
         return
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path} is not UTF-8 text (byte {e.start}); a run's records are JSON lines: move it away"
-        ) from None
     kept = []
-    for line in text.splitlines():
+    for number, line in json_lines(path, "the run's record"):  # a bounded line at a time
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = loads_json(line.decode("utf-8"), f"{path} line {number}")
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path} is not UTF-8 text (line {number}, byte {e.start}); records are JSON lines: move it away"
+            ) from None
+        except NotJSON:
             continue  # a line torn by a kill
         if not isinstance(record, dict):
             continue
@@ -313,5 +311,5 @@ def trim_metrics(path: Path, step: int) -> None:
         if isinstance(at, bool) or not isinstance(at, int):  # refused before anything of the run is replaced
             raise ValueError(f"{path} has a record with step {at!r}; each record's step is an integer: mend that line")
         if at <= step:
-            kept.append(line + "\n")
-    atomic_write_bytes(path, "".join(kept).encode())
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    atomic_write_bytes(path, b"".join(kept))

@@ -20,10 +20,14 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
+
+from data.text_file import open_regular
 
 LOCK = ".lock"
 METRICS = "metrics.jsonl"  # one JSON record per log step and per evaluation
@@ -59,12 +63,23 @@ def run_dir_itself(out_dir: Path) -> Path:
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename, fsync the directory. The rename replaces the name
     `path` itself: a symlink there is replaced, its target never written."""
+    _atomic_write(path, len(payload), lambda f: f.write(payload))
+
+
+def atomic_copy(src: Path, dst: Path, what: str = "") -> None:
+    """`dst` made an atomic copy of the regular file `src`, streamed (a checkpoint, a long metrics.jsonl);
+    `data.text_file.open_regular` refuses a FIFO or a device (a link to /dev/zero) in one line naming it."""
+    with open_regular(src, what) as source:
+        _atomic_write(dst, os.fstat(source.fileno()).st_size, lambda f: shutil.copyfileobj(source, f, 2**20))
+
+
+def _atomic_write(path: Path, size: int, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)  # a killed save's of the same pid, or a link: "x" creates, never follows
         with open(tmp, "xb") as f:
-            f.write(payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -72,7 +87,7 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         if e.errno in NO_SPACE:  # what happened to this file only: whether a run can continue is the caller's
             raise OSError(
                 e.errno,
-                f"no space to write {path} ({len(payload) / 1e6:.1f} MB: {os.strerror(e.errno)}); "
+                f"no space to write {path} ({size / 1e6:.1f} MB: {os.strerror(e.errno)}); "
                 "it was not written, and its previous version, if any, is intact",
             ) from None
         raise
@@ -90,7 +105,10 @@ def open_for_append(path: Path) -> TextIO:
     with contextlib.suppress(FileNotFoundError):
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
-            atomic_write_bytes(path, path.read_bytes() if path.exists() else b"")  # a dangling link: empty
+            if path.exists():  # streamed, from a regular file only (a link to /dev/zero is refused)
+                atomic_copy(path, path, "a run's record")
+            else:  # a dangling link: empty
+                atomic_write_bytes(path, b"")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # O_NONBLOCK: a FIFO there is refused here, not waited on
         os.close(fd)
@@ -107,7 +125,7 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.replace(tmp, dst)
     except OSError:
         tmp.unlink(missing_ok=True)
-        atomic_write_bytes(dst, src.read_bytes())
+        atomic_copy(src, dst)
 
 
 class RunDirInUse(ValueError):
@@ -146,11 +164,20 @@ class RunLock:
                     made.rmdir()
             if isinstance(e, ValueError):
                 raise
-            # read-only, another user's, a name too long: one line naming out_dir
+            # read-only, another user's, a name too long, a full disk: one line naming out_dir
             where = f"{e.strerror}: {e.filename}"
-            raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where})") from None
-        os.ftruncate(self._fd, 0)  # verified by _open_locked: our own kind of file, and no other name for it
-        os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
+            remedy = "; free space on it or choose another out_dir" if e.errno in NO_SPACE else ""
+            raise ValueError(f"out_dir={str(self.directory)!r} cannot be written ({where}){remedy}") from None
+        try:
+            os.ftruncate(self._fd, 0)  # verified by _open_locked: our own kind of file, and no other name for it
+            os.write(self._fd, f"pid {os.getpid()}: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n".encode())
+        except OSError as e:  # a full disk: the write's own error names no file, and the lock made was left
+            self.release(discard=True)
+            remedy = "free space on it or choose another out_dir" if e.errno in NO_SPACE else "choose another out_dir"
+            raise ValueError(
+                f"out_dir={str(self.directory)!r} cannot be written ({e.strerror or e}: {self.directory / LOCK}); "
+                f"{remedy}"
+            ) from None
         return self
 
     def _lock_directory(self) -> int | None:

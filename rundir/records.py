@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from data.text_file import json_records
 from rundir.files import METRICS, RUN_INFO, SUMMARY, atomic_write_bytes, file_above, missing_target, open_for_append
 
 log = logging.getLogger(__name__)
@@ -271,18 +272,10 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
         raise FileNotFoundError(f"{str(run_dir)!r} is a symlink to {target}, which is missing")
     if not Path(run_dir).exists():  # as sample.py and the lab say it (it read "not a run directory")
         raise FileNotFoundError(f"{str(run_dir)!r} does not exist; give a run directory")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (it has no {METRICS})")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:  # a read's own error (EIO) does not name the file
-        raise ValueError(f"{str(path)!r} cannot be read ({e.strerror or e})") from None
     by_step: dict[int, dict] = {}
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for _, record in json_records(path):  # a bounded line at a time; a torn or crafted line is skipped
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             by_step.setdefault(record["step"], {}).update(record)
     return by_step

@@ -15,7 +15,6 @@ checkpoints are only written between optimizer steps, so the step is the data po
 accumulation position is always 0. RNG states are restored by the caller just before the first step.
 """
 
-import json
 import logging
 import math
 import statistics
@@ -29,6 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from data.batches import PreparedData
+from data.text_file import loads_json
 from model.config import GPTConfig
 from rundir import checkpoint as ckpt_io
 from rundir.checkpoints import CheckpointDir, trim_metrics
@@ -248,7 +248,7 @@ def describe_tokenizer(meta: dict | None) -> str:
     if meta.get("name") == "char" and isinstance(meta.get("chars"), str):
         return f"char ({len(meta['chars'])} characters)"
     if meta.get("name") == "bpe" and isinstance(meta.get("spec"), str):
-        return f"bpe ({len(json.loads(meta['spec'])['model']['vocab'])} ids)"
+        return f"bpe ({len(loads_json(meta['spec'], 'the tokenizer spec')['model']['vocab'])} ids)"
     return repr(meta.get("name"))
 
 

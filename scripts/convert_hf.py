@@ -39,6 +39,7 @@ from analysis.trained import find_checkpoint, load_model, saved_cache_dir
 from cli.errors import error_line, exit_with_error
 from cli.schema_help import OneLineParser
 from data.config import DataConfig
+from data.text_file import NotJSON, Refused, read_json
 from data.tokenizer import GPT2_VOCAB_SIZE, tokenizer_from_meta
 from interop.hf_model import (
     check_gpt2_compatible,
@@ -105,7 +106,7 @@ def check_replaceable_export(out_dir: Path, sources: list[Path]) -> None:
         if out_dir.resolve() in (source.resolve(), *source.resolve().parents):
             raise ValueError(f"{where} holds the checkpoint being exported ({str(source)!r}); --force would delete it")
     try:
-        files = json.loads((out_dir / EXPORT_MARKER).read_text())["files"]
+        files = read_json(out_dir / EXPORT_MARKER)["files"]
     except (OSError, ValueError, KeyError, TypeError):
         files = None
     if not isinstance(files, list):
@@ -201,8 +202,10 @@ def weight_files(hf_dir: Path) -> list[Path]:
     if not index.is_file():
         return []
     try:
-        shards = json.loads(index.read_text(errors="replace"))["weight_map"].values()
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        shards = read_json(index)["weight_map"].values()
+    except Refused as e:
+        raise ValueError(f"{e}; a safetensors index is a JSON object with a weight_map") from None
+    except (KeyError, TypeError, AttributeError):
         raise ValueError(f"{str(index)!r} is not a safetensors index (a JSON object with a weight_map)") from None
     return [hf_dir / name for name in sorted(set(map(str, shards)))]
 
@@ -282,9 +285,9 @@ def load_hf_gpt2(hf_dir: Path, shapes: dict[str, tuple[int, ...]]) -> "GPT2LMHea
     from transformers.utils import logging as hf_logging
 
     try:
-        config = json.loads((hf_dir / "config.json").read_bytes())
-    except ValueError:  # not JSON, or not UTF-8
-        config = None
+        config = read_json(hf_dir / "config.json")  # bounded, and before transformers reads it again
+    except NotJSON as e:
+        raise ValueError(f"{str(hf_dir)!r}: its config.json {e.reason}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{str(hf_dir)!r}: its config.json is not a JSON object")
     if config.get("model_type", "gpt2") != "gpt2":  # a llama read as GPT-2 was "its weights hold 0 layers"

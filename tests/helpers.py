@@ -13,6 +13,35 @@ CONFIG_DIR = str(ROOT / "configs")
 WORDS = "the king queen lord speak love death night day sweet fair good my thy thou art is not what".split()
 
 
+def failing_reads(monkeypatch, error: OSError, under: Path | None = None) -> None:
+    """Every read through data.text_file (of a file under `under`, or any) raises `error` (EIO, EACCES): as root,
+    a permission cannot be denied for real."""
+    from data import text_file
+
+    real = text_file.open_regular
+
+    class Failing:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            if name in ("read", "readline"):
+                raise error
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def open_regular(path: Path, what: str = ""):
+        f = real(path, what)
+        return Failing(f) if under is None or Path(path).is_relative_to(under) else f
+
+    monkeypatch.setattr(text_file, "open_regular", open_regular)
+
+
 def write_corpus(directory: Path, documents: int = 6, lines: int = 150, seed: int = 0) -> list[str]:
     """Plain-text documents of random lines over a small vocabulary, one file each."""
     rng = random.Random(seed)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from data.config import resolve_cache_dir
+from data.text_file import read_json_object
 from rundir.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -259,8 +260,8 @@ def peak_flops(device: torch.device, precision: str, cache_file: Path | None = N
     cache_file = cache_file or resolve_cache_dir() / "peak_flops.json"
     key = peak_cache_key(device, precision)
     try:
-        cache = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
+        cache = read_json_object(cache_file)
+    except (OSError, ValueError):  # absent, torn or foreign (data.text_file's bounds): measured again
         cache = {}
     if remeasure or key not in cache:
         cache[key] = measure_matmul_peak(device, precision)

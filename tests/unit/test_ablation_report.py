@@ -21,7 +21,7 @@ from analysis.sweep import (
     varying_keys,
 )
 from scripts.ablation_report import write_report
-from tests.helpers import write_fake_run
+from tests.helpers import failing_reads, write_fake_run
 
 
 def config(seed: int, out: str, lr: float = 1e-3, n_head: int = 2, d_k: int | None = 8) -> dict:
@@ -308,14 +308,7 @@ def test_a_record_file_that_cannot_be_read_makes_an_unreadable_run_not_a_traceba
 
     lr_sweep(tmp_path / "sweep")
     locked = write_fake_run(tmp_path / "sweep" / "locked", config(3, "x", lr=1e-2), 1.0)
-    real_read_text = Path.read_text
-
-    def read_text(path: Path, *args, **kwargs) -> str:
-        if path.parent == locked:
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_read_text(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
+    failing_reads(monkeypatch, PermissionError(13, "Permission denied"), under=locked)
     runs = {r.path.name: r for r in find_runs(tmp_path / "sweep")}
     assert runs["locked"].status == UNREADABLE
     assert runs["locked"].error.startswith("metrics.jsonl cannot be read (Permission denied)")

@@ -9,6 +9,7 @@ import pytest
 
 from rundir.records import plot_runs, read_metrics, run_labels, series
 from scripts.plot_run import main
+from tests.helpers import failing_reads
 
 
 def write_run(directory: Path, steps: int = 6, with_time: bool = True, scale: float = 1.0) -> Path:
@@ -129,11 +130,7 @@ def test_a_run_with_a_single_record_is_drawn_with_markers(tmp_path, monkeypatch)
 def test_a_metrics_file_that_cannot_be_read_is_named(tmp_path, monkeypatch, capsys):
     """An I/O error reading metrics.jsonl said only 'error: [Errno 5] Input/output error'."""
     run = write_run(tmp_path / "run")
-
-    def read_text(path: Path, *args, **kwargs) -> str:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(Path, "read_text", read_text)
+    failing_reads(monkeypatch, OSError(5, "Input/output error"))
     with pytest.raises(SystemExit) as e:
         main([str(run), "--out", str(tmp_path / "p.png")])
     assert e.value.code == 1
