@@ -124,8 +124,10 @@ class MetricsLogger:
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
-    """Fraction of the measured peak the model's useful FLOPs reach."""
-    return flops_per_token * tokens_per_s / peak
+    """Fraction of the measured peak the model's useful FLOPs reach, at most 1: a rate above the peak proves the
+    peak stale (measured under load, or on a slower day), so the rate itself is the better bound on the peak."""
+    rate = flops_per_token * tokens_per_s
+    return rate / max(peak, rate) if rate > 0 else 0.0
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:

@@ -135,6 +135,7 @@ class Run:
         tok_s = self.tokens_per_step * (step - self.interval_step) / seconds
         self.interval_step = step
         self.throughputs.append(tok_s)
+        self.peak = max(self.peak, self.flops_per_token * tok_s)  # a faster step than the peak: the peak is stale
         record = {"train/loss": loss, "train/grad_norm": grad_norm, "lr": lr}
         record |= {"throughput/tokens_per_s": tok_s, "throughput/mfu": mfu(self.flops_per_token, tok_s, self.peak)}
         record |= {"time/elapsed_s": elapsed_s}

@@ -22,7 +22,7 @@ from rundir.checkpoint import Checkpoint, restore_rng_state
 from rundir.files import run_dir_itself
 from rundir.records import held_records, plot_runs
 from rundir.run import Run
-from training import distributed
+from training import compile_budget, distributed, threads
 from training.config import TrainConfig
 from training.distributed import DistInfo
 from training.runtime import RunInterrupted, StopSignals, check_precision_runs, peak_flops, resolve_device
@@ -70,6 +70,8 @@ def train_in_group(cfg: TrainConfig, dist: DistInfo, device: torch.device) -> di
                 if lost := distributed.lost_peer(e, dist):
                     raise lost from None
                 raise
+        record = (cfg, device, trainer.compiled, trainer.compile_s, trainer.tokens_per_step, run.throughputs)
+        distributed.on_main(lambda: compile_budget.record_run(*record), dist)  # the next run's compile estimate
         run.close()
         try:
             if dist.is_main:
@@ -168,12 +170,13 @@ def run_header(trainer: Trainer) -> str:
     context = f" (context {m.block_size})" if m.train_length < m.block_size else ""  # train short, score long
     heads = f"{m.n_head} {'head' if m.n_head == 1 else 'heads'} x d_k {m.head_dim}"
     ranks = trainer.dist.world_size
+    cpu_threads = f" | {threads.summary()}" if trainer.device.type == "cpu" else ""  # how its OpenMP threads wait
     processes = f" x {ranks} processes ({cfg.distributed.strategy})" if ranks > 1 else ""  # tokens/s are all of theirs
     return (
         f"model {trainer.model.num_params() / 1e6:.2f}M params ({m.n_layer} layers, d_model {m.d_model}, "
         f"{heads}) | data {cfg.data.source}/{trainer.data.tokenizer_meta['name']} "
         f"({m.vocab_size} tokens) | {trainer.device}{processes} {trainer.precision}"
-        f"{' compiled' if trainer.compiled else ''} | "
+        f"{' compiled' if trainer.compiled else ''}{cpu_threads} | "
         f"{' or '.join(e for e in ends if e)}, "
         f"{trainer.tokens_per_step:,} tokens/step in sequences of {m.train_length}{context}{start}\n"
         f"run directory {cfg.out_dir} (full config: config.yaml)"

@@ -20,7 +20,7 @@ from data.batches import PreparedData, batch_layout, eval_batches, sample_batch
 from model.gpt import GPT
 from rundir.checkpoint import Checkpoint, clean_state_dict
 from rundir.run import Run, RunState, restore
-from training import distributed
+from training import compile_budget, distributed
 from training.average import WeightAverage
 from training.config import TrainConfig
 from training.distributed import DistInfo
@@ -229,7 +229,10 @@ class Trainer:
             self.model, self.optimizer, self.new_optimizer, cfg.distributed, self.dist, self.device
         )
         self.eval_model = self.train_model
-        if cfg.compile:  # compiled now on a probe's step, so a failing toolchain falls back to eager here
+        skip = distributed.broadcast_object(compile_budget.skip_for_budget(cfg, self.device), self.dist)
+        if cfg.compile and skip:
+            log.info("%s", skip)  # one line: why this budget trains eager
+        elif cfg.compile:  # compiled now on a probe's step, so a failing toolchain falls back to eager here
             log.info("compiling the step (torch.compile; its seconds count against budget_s; compile=false skips it)")
             start, wrapped = time.perf_counter(), self.train_model
             self.train_model = compile_or_eager(wrapped, self.trial_step)
