@@ -253,7 +253,8 @@ def _load_hub(cfg: DataConfig, hf_cache: str) -> "datasets.Dataset":
     )
     if not streaming:
         _check_column(cfg, ds.column_names)
-        return ds.select_columns([cfg.text_column]).rename_column(cfg.text_column, "text")
+        ds = ds.select_columns([cfg.text_column])
+        return ds if cfg.text_column == "text" else ds.rename_column(cfg.text_column, "text")
     # Streaming reads only what we keep: FineWeb-Edu's sample-10BT alone is ~27 GB of parquet.
     texts = []
     for row in ds.take(cfg.max_documents):

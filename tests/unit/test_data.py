@@ -19,12 +19,15 @@ from omegaconf import OmegaConf
 from data import DataConfig, load_prepared, prepare, sources
 from data import sources as sources_mod
 from data.config import resolve_cache_dir
-from data.prepare import split_documents
+from data.documents import pieces
 from data.sources import load_documents
+from data.split import VAL_TOLERANCE, Segment, split_documents
 from tests.helpers import ROOT
 
 # `data.prepare` is the function (re-exported by the package); the module is needed for monkeypatching.
 prepare_mod = importlib.import_module("data.prepare")
+write_mod = importlib.import_module("data.write_tokens")
+cache_mod = importlib.import_module("data.cache_dir")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
 
 # ---------------------------------------------------------------- config
@@ -173,11 +176,15 @@ def files_cfg(tmp_path: Path, **overrides) -> DataConfig:
 DOCS = [f"Document {i}: {'abcdefghij'[i] * (5 + i)}.\nSecond line {i}.\n" for i in range(10)]
 
 
+def texts_of(docs) -> list[str]:
+    return ["".join(pieces(docs, i)) for i in range(len(docs))]
+
+
 def test_files_source_reads_one_document_per_file(tmp_path):
     write_docs(tmp_path / "docs", DOCS)
     docs = load_documents(files_cfg(tmp_path))
-    assert docs.column_names == ["text"]
-    assert docs["text"] == DOCS
+    assert texts_of(docs) == DOCS
+    assert docs.sizes == [len(d.encode()) for d in DOCS]
 
 
 def test_files_errors(tmp_path, monkeypatch):
@@ -186,8 +193,8 @@ def test_files_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"data.files entry '.*missing.txt' is not a file"):
         load_documents(DataConfig(source="files", files=[str(tmp_path / "missing.txt")]))
     write_docs(tmp_path / "docs", ["", ""])
-    # said before `datasets` loads them (it drew a "Generating train split" progress bar first)
-    monkeypatch.setattr(sources_mod, "_load_text_files", lambda *a: pytest.fail("empty files were loaded"))
+    # said before anything reads them (`datasets` drew a "Generating train split" progress bar first)
+    monkeypatch.setattr(sources_mod, "check_utf8_files", lambda *a: pytest.fail("empty files were read"))
     with pytest.raises(ValueError, match=r"all 2 files named by data\.files are empty"):
         load_documents(files_cfg(tmp_path))
 
@@ -196,7 +203,7 @@ def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     (tmp_path / "bom.txt").write_bytes("\ufeffFirst line.\n".encode())
     (tmp_path / "inner.txt").write_text("a\ufeffb\n")  # inside the text it is a character like any other
     texts = load_documents(DataConfig(source="files", files=[str(tmp_path / "*.txt")], cache_dir=str(tmp_path / "c")))
-    assert sorted(texts["text"]) == ["First line.\n", "a\ufeffb\n"]
+    assert sorted(texts_of(texts)) == ["First line.\n", "a\ufeffb\n"]
 
 
 def test_the_files_named_are_read_exactly_as_written(tmp_path):
@@ -208,7 +215,7 @@ def test_the_files_named_are_read_exactly_as_written(tmp_path):
     (tmp_path / "qa.txt").write_text("not named\n")
     named = [str(tmp_path / name).replace("[", "[[]").replace("?", "[?]") for name in texts]  # globs of one file
     docs = load_documents(DataConfig(source="files", files=named, cache_dir=str(tmp_path / "c")))
-    assert docs["text"] == [texts[name] for name in sorted(texts)]
+    assert texts_of(docs) == [texts[name] for name in sorted(texts)]
 
 
 def test_a_utf16_file_is_named_as_such(tmp_path):
@@ -217,13 +224,14 @@ def test_a_utf16_file_is_named_as_such(tmp_path):
         load_documents(DataConfig(source="files", files=[str(tmp_path / "notepad.txt")], cache_dir=str(tmp_path)))
 
 
-def test_a_held_out_split_of_empty_files_is_refused_before_it_is_cached(tmp_path):
+def test_a_held_out_split_of_empty_files_is_refused_before_it_is_cached(tmp_path, monkeypatch):
     # Defect: an empty file held out made a val split of 0 bytes, cached, then refused at every load as damaged.
+    # The byte rule holds out text whenever there is some; a split that still chose only empty files is refused.
     write_docs(tmp_path / "docs", [*DOCS[:2], ""])
-    cfg = files_cfg(tmp_path, val_fraction=0.3)
-    seed = next(s for s in range(100) if split_documents(3, 0.3, s).tolist() == [False, False, True])
-    with pytest.raises(ValueError, match=rf"the val split's 1 document holds no text \(data.split_seed={seed} chose"):
-        prepare(replace(cfg, split_seed=seed), progress=False)
+    only_the_empty_file = [Segment(0, 0, len(DOCS[0]), "train"), Segment(1, 0, len(DOCS[1]), "train")]
+    monkeypatch.setattr(prepare_mod, "split_segments", lambda *a: [*only_the_empty_file, Segment(2, 0, 0, "val")])
+    with pytest.raises(ValueError, match=r"the val split's 1 document holds no text \(data.split_seed=1337 chose"):
+        prepare(files_cfg(tmp_path, val_fraction=0.3), progress=False)
     assert not list((tmp_path / "cache" / "prepared").glob("[!.]*"))  # no entry that cannot load
 
 
@@ -272,13 +280,12 @@ def hub_cfg(tmp_path: Path, hub_dir: Path, **overrides) -> DataConfig:
 
 def test_hub_source_keeps_only_the_text_column(tmp_path, hub_dir):
     docs = load_documents(hub_cfg(tmp_path, hub_dir))
-    assert docs.column_names == ["text"]
-    assert sorted(docs["text"]) == sorted(f"story {s}-{i} é" for s in range(2) for i in range(5))
+    assert sorted(texts_of(docs)) == sorted(f"story {s}-{i} é" for s in range(2) for i in range(5))
 
 
 def test_hub_streaming_caps_documents(tmp_path, hub_dir):
     docs = load_documents(hub_cfg(tmp_path, hub_dir, max_documents=3))
-    assert docs.num_rows == 3 and docs.column_names == ["text"]
+    assert len(docs) == 3 and texts_of(docs) == [f"story 0-{i} é" for i in range(3)]
 
 
 def test_a_local_hub_folder_edited_in_place_is_read_afresh(tmp_path, hub_dir):
@@ -288,7 +295,7 @@ def test_a_local_hub_folder_edited_in_place_is_read_afresh(tmp_path, hub_dir):
     load_documents(hub_cfg(tmp_path, hub_dir))
     shard.write_text(shard.read_text().replace("story", "STORY"))
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
-    texts = load_documents(hub_cfg(tmp_path, hub_dir))["text"]
+    texts = texts_of(load_documents(hub_cfg(tmp_path, hub_dir)))
     assert sum(t.startswith("STORY 0-") for t in texts) == 5
 
 
@@ -312,14 +319,54 @@ def split_by_eot(prepared, split: str) -> list[str]:
     return [prepared.tokenizer.decode(tokens[s:e].tolist()) for s, e in zip(starts, ends, strict=True)]
 
 
-def test_split_is_by_document_disjoint_and_complete(tmp_path):
-    write_docs(tmp_path / "docs", DOCS)
+def val_share(meta: dict) -> float:
+    return meta["val_bytes"] / (meta["train_bytes"] + meta["val_bytes"])
+
+
+def test_split_is_by_whole_documents_disjoint_and_complete(tmp_path):
+    docs = [f"Document {i:02d} of twenty, all of one length.\n" for i in range(20)]
+    write_docs(tmp_path / "docs", docs)
     prepared = prepare(files_cfg(tmp_path, val_fraction=0.25), progress=False)
     train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
-    assert len(val) == 3 and len(train) == 7  # ceil(0.25 * 10) documents for val
-    assert sorted(train + val) == sorted(DOCS)
-    assert prepared.meta["num_documents"] == {"train": 7, "val": 3}
-    assert train == [d for d in DOCS if d in train]  # corpus order is kept within a split
+    assert sorted(train + val) == sorted(docs), "whole documents: none was cut"
+    assert len(val) == 5 and val_share(prepared.meta) == 0.25
+    assert prepared.meta["num_documents"] == {"train": len(train), "val": len(val)}
+    assert prepared.meta["split_by"] == "bytes"
+    assert train == [d for d in docs if d in train]  # corpus order is kept within a split
+
+
+def uneven_docs(seed: int, n: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [f"file {i} " + "word " * int(rng.lognormal(6, 1.5)) + "\n" for i in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_held_out_share_is_val_fraction_of_the_bytes(tmp_path, seed):
+    # Defect: val_fraction counted documents: 12 files with val_fraction=0.1 held out 23% of the tokens.
+    docs = uneven_docs(seed, 12)
+    write_docs(tmp_path / "docs", docs)
+    prepared = prepare(files_cfg(tmp_path, tokenizer="char", split_seed=seed), progress=False)
+    assert abs(val_share(prepared.meta) - 0.1) <= 0.1 * VAL_TOLERANCE + 1e-3
+    train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
+    whole = set(train) & set(docs), set(val) & set(docs)
+    cut = [t for t in train + val if t not in docs]
+    assert len(cut) in (0, 2), "at most one document is cut, in two"
+    assert sorted([*whole[0], *whole[1], "".join(sorted(cut, key=lambda t: not t.startswith("file")))]) == sorted(
+        docs
+    ) or not cut
+
+
+def test_one_file_most_of_the_corpus_is_cut_and_the_rest_stays_whole(tmp_path):
+    big = "".join(f"line {i} of the big file\n" for i in range(2000))
+    small = [f"small note {i}\n" * 3 for i in range(5)]
+    write_docs(tmp_path / "docs", [big, *small])
+    prepared = prepare(files_cfg(tmp_path, tokenizer="char", val_fraction=0.2), progress=False)
+    train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
+    assert abs(val_share(prepared.meta) - 0.2) < 1e-3, "a cut lands on the share, to a character"
+    assert set(small) <= set(train + val)
+    (head,) = [t for t in train if t not in small]
+    tail = [t for t in val if t not in small]
+    assert len(tail) == 1 and head + tail[0] == big, "the big file's head in train, its tail in val"
 
 
 def test_split_is_deterministic_and_follows_the_seed(tmp_path):
@@ -340,12 +387,13 @@ def test_split_sizes_keep_one_document_on_each_side(n, fraction, num_val):
 
 
 def test_single_document_is_cut_at_a_character(tmp_path):
-    text = "".join(chr(ord("a") + i % 26) for i in range(100)) + "é✓"
+    text = "".join(chr(ord("a") + i % 26) for i in range(80)) + "é✓" * 5
     write_docs(tmp_path / "docs", [text])
     prepared = prepare(files_cfg(tmp_path, val_fraction=0.2), progress=False)
     train, val = split_by_eot(prepared, "train"), split_by_eot(prepared, "val")
-    assert train == [text[:81]] and val == [text[81:]]  # int(0.8 * 102) characters for train
-    assert prepared.meta["num_documents"] == {"train": 1, "val": 1}
+    # 105 bytes, 21 held out: byte 84 is inside the "é" at 83-84, so the cut moves to the character after it
+    assert train == [text[:82]] and val == [text[82:]]
+    assert prepared.meta["num_documents"] == {"train": 1, "val": 1} and prepared.meta["val_bytes"] == 20
 
 
 def test_token_and_byte_accounting(tmp_path):
@@ -362,12 +410,12 @@ def test_token_and_byte_accounting(tmp_path):
 
 
 def test_bpe_learns_its_merges_from_the_train_split_alone(tmp_path):
-    docs = [f"the common words of document {i}, the common words\n" * 5 for i in range(9)]
-    docs.append("zyzzyva " * 200)  # the one val document (seed below): frequent there, absent from train
+    docs = [f"the common words of document {i}, the common words\n" * 8 for i in range(9)]
+    docs.append("zyzzyva " * 40)  # frequent there, absent from train; the one document near 8% of the bytes
     write_docs(tmp_path / "docs", docs)
-    cfg = files_cfg(tmp_path, tokenizer="bpe", bpe_vocab_size=280, val_fraction=0.1, split_seed=3)
+    cfg = files_cfg(tmp_path, tokenizer="bpe", bpe_vocab_size=280, val_fraction=0.08, bpe_dropout=0.0)
     prepared = prepare(cfg, progress=False)
-    assert split_by_eot(prepared, "val") == [docs[-1]], "the seed puts the zyzzyva document in val"
+    assert split_by_eot(prepared, "val") == [docs[-1]], "the share puts the zyzzyva document in val"
     tok = prepared.tokenizer
     assert len(tok.encode(" common")) == 1, "train's frequent word is merged"
     assert len(tok.encode(" zyzzyva")) >= 4, "val's word is not: no merge was fitted to the val text"
@@ -383,6 +431,7 @@ def test_progress_false_keeps_datasets_own_bars_quiet_too(tmp_path, capfd):
 
     write_docs(tmp_path / "docs", DOCS)
     prepare(files_cfg(tmp_path), progress=False)
+    prepare(DataConfig(source="hub", hub_path=str(tmp_path / "docs"), cache_dir=str(tmp_path / "c")), progress=False)
     assert "Generating train split" not in capfd.readouterr().err
     assert not datasets.are_progress_bars_disabled()  # as it was before, for whoever else uses datasets
 
@@ -395,7 +444,7 @@ def test_second_prepare_reuses_the_cache(tmp_path, monkeypatch):
         raise AssertionError("a cached corpus was loaded or tokenized again")
 
     monkeypatch.setattr(prepare_mod, "load_documents", must_not_run)
-    monkeypatch.setattr(prepare_mod, "build_tokenizer", must_not_run)
+    monkeypatch.setattr(prepare_mod, "_tokenizer", must_not_run)
     again = prepare(files_cfg(tmp_path), progress=False)
     assert again.directory == first.directory
     assert np.array_equal(again.train, first.train) and again.meta == first.meta
@@ -431,7 +480,7 @@ def test_an_edit_that_keeps_size_and_mtime_is_prepared_afresh(tmp_path):
 def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatch):
     write_docs(tmp_path / "docs", DOCS)
     cfg = files_cfg(tmp_path)
-    real_write = prepare_mod._write_tokens
+    real_write = write_mod._write_batch
     calls = []
 
     def crash_on_second_chunk(*args):
@@ -440,7 +489,7 @@ def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real_write(*args)
 
-    monkeypatch.setattr(prepare_mod, "_write_tokens", crash_on_second_chunk)
+    monkeypatch.setattr(write_mod, "_write_batch", crash_on_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, progress=False)
     prepared_root = tmp_path / "cache" / "prepared"
@@ -451,7 +500,7 @@ def test_interrupted_prepare_leaves_nothing_that_is_trusted(tmp_path, monkeypatc
     junk = prepared_root / f".{fp}-killed"
     junk.mkdir()
     (junk / "train.bin").write_bytes(b"\x00\x01")
-    monkeypatch.setattr(prepare_mod, "_write_tokens", real_write)
+    monkeypatch.setattr(write_mod, "_write_batch", real_write)
     prepared = prepare(cfg, progress=False)
     assert prepared.directory == prepared_root / fp
     assert sorted(split_by_eot(prepared, "train") + split_by_eot(prepared, "val")) == sorted(DOCS)
@@ -466,13 +515,13 @@ def test_a_preparation_killed_mid_write_leaves_no_stray_directory(tmp_path):
     hang = f"""
 import importlib, time
 from data import DataConfig, prepare
-p = importlib.import_module("data.prepare")
-real = p._write_tokens
+p = importlib.import_module("data.write_tokens")
+real = p._write_batch
 def write_then_hang(*args):
     n = real(*args)
     print("writing", flush=True)
     time.sleep(600)
-p._write_tokens = write_then_hang
+p._write_batch = write_then_hang
 prepare(DataConfig(source="files", files={cfg.files!r}, cache_dir={cfg.cache_dir!r}), progress=False)
 """
     child = subprocess.Popen([sys.executable, "-c", hang], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -481,7 +530,7 @@ prepare(DataConfig(source="files", files={cfg.files!r}, cache_dir={cfg.cache_dir
         (killed,) = prepared_root.glob(".*-*")
         live = prepared_root / ".another-live-build"  # a preparation running in another process
         live.mkdir()
-        live_lock = prepare_mod.hold_build_lock(live)
+        live_lock = cache_mod.hold_build_lock(live)
         foreign = prepared_root / ".not-a-build"  # no lock file: not ours to judge
         foreign.mkdir()
     finally:
@@ -491,7 +540,7 @@ prepare(DataConfig(source="files", files={cfg.files!r}, cache_dir={cfg.cache_dir
     prepared = prepare(cfg, progress=False)
     assert not killed.exists() and live.is_dir() and foreign.is_dir()
     assert sorted(p.name for p in prepared_root.iterdir()) == sorted([live.name, foreign.name, prepared.directory.name])
-    assert not (prepared.directory / prepare_mod.BUILD_LOCK).exists()
+    assert not (prepared.directory / cache_mod.BUILD_LOCK).exists()
     os.close(live_lock)
 
 
