@@ -82,7 +82,9 @@ def read_bytes(
     `streams`, a pipe or FIFO (`<(printf ...)`) or a device is read too, up to the limit; otherwise only a
     regular file, whose size is checked before any of it is read."""
     where = _where(path, what)
-    if streams and not path.is_dir():
+    if streams and path.is_dir():  # a text a user names: say what to give instead
+        raise Refused(where, "is a directory; give a UTF-8 text file")
+    if streams:
         try:
             f = open(path, "rb")  # noqa: SIM115 (closed below; a FIFO's open waits for its writer, as it should)
         except FileNotFoundError:

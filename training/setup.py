@@ -196,8 +196,8 @@ def check_data_fits(data: PreparedData, model: GPTConfig, batch_size: int) -> No
         tokens = getattr(data, split)
         if len(tokens) < need:
             documents = data.meta.get("num_documents") or {}
-            if data.meta.get("split_by") == "text":  # one document: cut at data.val_fraction of its text
-                by_document = f" (one document, its last data.val_fraction={data.meta['val_fraction']} held out)"
+            if data.meta.get("split_by") == "bytes":  # data/split.py: val_fraction of the bytes, a document cut
+                by_document = f" (split by bytes: data.val_fraction={data.meta['val_fraction']} of the text held out)"
             elif isinstance(documents, dict) and {"train", "val"} <= documents.keys():  # 2 files: half the text in val
                 by_document = f" (the split is by document: {documents['train']} train, {documents['val']} val)"
             else:

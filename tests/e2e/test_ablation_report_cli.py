@@ -51,8 +51,6 @@ BAD = {
         lambda root: [str(root / "missing" / "sweep")],
         r"sweep directory .*missing/sweep' does not exist",
     ),
-    "a metrics line 5": (metrics_line_5, r"s1/metrics.jsonl line 2 is '5'; each line must be a JSON object"),
-    "a run_info.json of []": (run_info_list, r"s0/run_info.json holds a JSON list; a run record must be a JSON object"),
     "a bad --reference": (lambda root: [str(sweep_of_two(root)), "--reference", "n_head"], r"--reference 'n_head'"),
     "an unknown --paper": (
         lambda root: [str(sweep_of_two(root)), "--paper", "vaswani"],
@@ -87,6 +85,20 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
     assert re.search(message, lines[0]), lines[0]
     assert snapshot(tmp_path) == before  # nothing created, nothing changed (the missing path stays missing)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [(metrics_line_5, "line 2 is '5'; each line must be a JSON object"), (run_info_list, "run_info.json")],
+    ids=["a metrics line 5", "a run_info.json of []"],
+)
+def test_a_run_whose_record_is_not_json_objects_is_listed_as_unreadable(tmp_path, make, reason):
+    """One damaged run of a sweep is listed with what is wrong with it; the report covers the others."""
+    args = make(tmp_path)
+    done = run_cli([str(ROOT / "scripts" / "ablation_report.py"), *args], cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    report = (Path(args[0]) / "ablation.md").read_text()
+    assert reason in report and "(1 completed)" in done.stdout + done.stderr
 
 
 def test_cut_short_and_metric_less_summaries_are_listed_and_the_report_goes_on(tmp_path):

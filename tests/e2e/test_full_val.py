@@ -105,7 +105,13 @@ def test_a_run_whose_files_changed_since_is_refused_not_scored_on_another_split(
     for i in range(6):
         (books / f"b{i}.txt").write_text(f"book {i}: " + "the cat sat on the mat. " * (20 + i) + "\n")
     run = tmp_path / "run"
-    data = ["data=files", f"data.files=[{books}/*.txt]", f"data.cache_dir={tmp_path / 'cache'}", "+debug=tiny"]
+    data = [
+        "data=files",
+        f"data.files=[{books}/*.txt]",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.tokenizer=char",
+        "+debug=tiny",
+    ]
     run_train([*data, f"out_dir={run}", "max_steps=2", "sample_tokens=0", "compile=false", "logger=none"])
     best = run / "checkpoints" / "best.safetensors"
     assert math.isfinite(analysis.full_val.score_checkpoint(best)["val/bpb"])

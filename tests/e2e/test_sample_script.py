@@ -568,7 +568,7 @@ def test_a_terminal_sees_the_sample_as_it_is_made_and_a_pipe_gets_the_same_text_
 def test_the_default_sample_is_short_and_help_says_what_happens_past_the_context(run_dir, capsys):
     assert parse_args([str(run_dir)]).sampling.max_new_tokens == 200  # was 500: a minute on a slow CPU
     flat = " ".join(cli(capsys, ["--help"])[1].split())
-    assert "each further token re-reads the whole window (no rolling cache)" in flat
+    assert "past context_length the cache rolls at the same cost per token" in flat
     assert "--threads INT" in flat and "none = when stdout is a terminal" in flat
 
 

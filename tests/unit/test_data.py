@@ -351,9 +351,10 @@ def test_the_held_out_share_is_val_fraction_of_the_bytes(tmp_path, seed):
     whole = set(train) & set(docs), set(val) & set(docs)
     cut = [t for t in train + val if t not in docs]
     assert len(cut) in (0, 2), "at most one document is cut, in two"
-    assert sorted([*whole[0], *whole[1], "".join(sorted(cut, key=lambda t: not t.startswith("file")))]) == sorted(
-        docs
-    ) or not cut
+    assert (
+        sorted([*whole[0], *whole[1], "".join(sorted(cut, key=lambda t: not t.startswith("file")))]) == sorted(docs)
+        or not cut
+    )
 
 
 def test_one_file_most_of_the_corpus_is_cut_and_the_rest_stays_whole(tmp_path):
