@@ -158,7 +158,10 @@ def test_corpus_smaller_than_one_batch(run, tmp_path):
     for i in range(3):
         files.append(tmp_path / f"small{i}.txt")
         files[-1].write_text("to be or not to be\n" * 10)  # ~190 tokens a split; a batch needs 8 x 32 + 1
-    too_few = r"the \w+ split has \d+ tokens \(split by bytes: data.val_fraction=[\d.]+ of the text held out\), fewer than one batch needs"
+    too_few = (
+        r"the \w+ split has \d+ tokens \(split by bytes: data.val_fraction=[\d.]+ of the text held out\), "
+        r"fewer than one batch needs"
+    )
     with pytest.raises(ValueError, match=too_few + r" \(batch_size=8"):
         run_train([*run, f"data.files=[{','.join(map(str, files))}]"])
     # Defect: one file, cut at val_fraction of its text, was also said to be "split by document: 1 train, 1 val"
