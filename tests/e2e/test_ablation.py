@@ -235,7 +235,10 @@ def test_a_sweep_with_a_failed_job_still_ends_with_its_folder_and_the_report_com
         f"sweep done, with failed jobs (the report lists them): {sweep}",
         f"  report: python scripts/ablation_report.py {sweep}",
     ]
-    too_few = r"error: the train split has \d+ tokens \(the split is by document: \d+ train, \d+ val\), fewer than one"
+    too_few = (
+        r"error: the train split has \d+ tokens "
+        r"\(split by bytes: data.val_fraction=0.1 of the text held out\), fewer than one"
+    )
     assert re.fullmatch(too_few + " batch needs .*", lines[-1]), lines[-1]
     assert (sweep / "0" / "checkpoints" / "step_0000002.safetensors").is_file()
 
