@@ -50,6 +50,7 @@ from analysis.stats import fmt_interval, t_interval
 from analysis.trained import find_checkpoint
 from bench import classical
 from bench.bench_train import in_fresh_process, load_config
+from bench.leave_one_out import LEAVE_ONE_OUT
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least
 from cli.sweep_jobs import LAUNCHER_PID
@@ -86,6 +87,7 @@ ROUND_11_UNDONE = [*ROUND_14_UNDONE, "eval_interval=100"]
 ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
+    **LEAVE_ONE_OUT,
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
     # The default before round 23 (docs/recipe/round23.md): the same training, predictions without the continuous cache.
@@ -326,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=["default", "nanogpt_baby"],
         metavar="RECIPE",
         help="default: default nanogpt_baby (the README's headline table is --recipes default nanochat_cpu "
-        f"--reference nanochat_cpu); any of {', '.join(sorted(RECIPES))} or a --define'd name",
+        f"--reference nanochat_cpu); any of {', '.join(sorted(RECIPES))} or a --define'd name; leave_one_out "
+        "is the default and each no_* recipe (bench/leave_one_out.py)",
     )
     parser.add_argument("--seeds", type=at_least(0), nargs="+", default=[1337])
     parser.add_argument(
@@ -438,6 +441,9 @@ def checked_configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if not sep or not name.strip() or not overrides.split():
             parser.error(f"--define {definition!r} must read 'NAME: OVERRIDE OVERRIDE ...'")
         RECIPES[name.strip()] = overrides.split()
+    if "leave_one_out" in args.recipes:  # the default, then the default less each of its mechanisms
+        at = args.recipes.index("leave_one_out")
+        args.recipes[at : at + 1] = [r for r in ["default", *LEAVE_ONE_OUT] if r not in args.recipes]
     for name in [*args.recipes, args.reference]:
         if name not in RECIPES:
             parser.error(f"recipe {name!r} is unknown; choose one of: {', '.join(sorted(RECIPES))} (or --define it)")
