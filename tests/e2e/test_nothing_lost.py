@@ -21,7 +21,7 @@ from cli.config import to_train_config
 from cli.train_output import train_in_new_dir
 from rundir.checkpoint import load_checkpoint
 from rundir.files import RunLock
-from tests.helpers import ROOT, compose_config, run_cli, run_train
+from tests.helpers import ROOT, compose_config, rewrite_checkpoint, run_cli, run_train
 from training.setup import train
 
 
@@ -531,4 +531,81 @@ def test_what_the_first_save_needs_is_checked_before_the_run_changes_anything(
     before = checksums(finished_run)
     with pytest.raises(ValueError, match=message):
         run_train([*corpus_args, f"out_dir={finished_run}", *options])
+    assert checksums(finished_run) == before
+
+
+def first_moment(tensors: dict) -> str:
+    return next(name for name in sorted(tensors) if name.startswith("optim.") and name.endswith(".exp_avg"))
+
+
+# Damage a crafted file can hold with its sha256 recomputed: each failed only after the resume had rewritten
+# config.yaml, run_info.json and metrics.jsonl and deleted summary.json (the RNG at its restore, just before the
+# first step; a step of -5 at the first batch; a wrong moment or a string lr_scale at the first optimizer step,
+# which said "lower optim.lr"), or trained on from converted weights (F16, I32).
+RESUME_DAMAGE = {
+    "rng.torch of 16 bytes": (
+        {"tensors": lambda t: t.update({"rng.torch": t["rng.torch"][:16].clone()})},
+        r"tensor rng.torch is not a state its generator takes",
+    ),
+    "rng.python garbage": (
+        {"meta": lambda m: m["rng"].update(python=[3, [1, 2, 3], None])},
+        r"header field rng.python is not a state its generator takes \(state vector is the wrong size\)",
+    ),
+    "rng.numpy garbage": (
+        {"meta": lambda m: m["rng"].update(numpy=["MT19937", [1, 2], 0, 0, 0.0])},
+        r"header field rng.numpy is not a state its generator takes",
+    ),
+    'step "20"': ({"meta": lambda m: m.update(step="20")}, r"header field step='20' is invalid; it must be a non-neg"),
+    "step -5": ({"meta": lambda m: m.update(step=-5)}, r"header field step=-5 is invalid"),
+    "elapsed_s of inf": ({"meta": lambda m: m.update(elapsed_s=float("inf"))}, r"header field elapsed_s=inf"),
+    "a moment of the wrong shape": (
+        {"tensors": lambda t: t.update({first_moment(t): t[first_moment(t)][:1].clone()})},
+        r"tensor optim\.\d+\.exp_avg has shape \(1, .*; its parameter .* has shape",
+    ),
+    "an lr_scale that is a string": (
+        {"meta": lambda m: m["optim_param_groups"][0].update(lr_scale="20")},
+        r"optim_param_groups\[0\] has lr_scale='20'; this run's optimizer keeps",
+    ),
+    "F16 weights": (
+        {"tensors": lambda t: t.update({"train.tok_emb.weight": t["train.tok_emb.weight"].half()})},
+        r"tensor train.tok_emb.weight is torch.float16; this format writes torch.float32 there",
+    ),
+    "I32 weights": (
+        {"tensors": lambda t: t.update({"model.ln_f.weight": t["model.ln_f.weight"].int()})},
+        r"tensor model.ln_f.weight is torch.int32",
+    ),
+    "NaN weights": (
+        {"tensors": lambda t: t.update({"train.ln_f.weight": t["train.ln_f.weight"] * float("nan")})},
+        r"tensor train.ln_f.weight holds NaN or inf values",
+    ),
+    "vocab_size=400000000": (
+        {"meta": lambda m: m["config"]["model"].update(vocab_size=400_000_000)},
+        r"tensor model\.\w+\.weight has shape \(\d+, 32\); its header's model config builds \(400000000, 32\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", RESUME_DAMAGE)
+def test_a_refused_resume_leaves_every_file_byte_identical(corpus_args, finished_run, damage):
+    # Defect: a resume checked the RNG states, the step and the optimizer state only once its records had started
+    changes, message = RESUME_DAMAGE[damage]
+    newest = finished_run / "checkpoints" / "step_0000010.safetensors"
+    os.replace(rewrite_checkpoint(newest, newest.with_name("crafted.tmp"), **changes), newest)
+    before = checksums(finished_run)
+    with pytest.raises(ValueError, match=message) as refused:
+        run_train([*corpus_args, f"out_dir={finished_run}", "resume=auto", "max_steps=20"])
+    assert str(newest) in str(refused.value) and "\n" not in str(refused.value)
+    assert checksums(finished_run) == before
+
+
+def test_a_refused_resume_from_a_given_path_is_one_line_and_changes_nothing(corpus_args, finished_run, tmp_path):
+    crafted = rewrite_checkpoint(
+        finished_run / "checkpoints" / "step_0000010.safetensors",
+        tmp_path / "crafted.safetensors",
+        tensors=lambda t: t.update({"rng.torch": t["rng.torch"][:16].clone()}),
+    )
+    before = checksums(finished_run)
+    proc = run_cli(["train.py", *corpus_args, f"out_dir={finished_run}", f"resume={crafted}", "max_steps=20"])
+    line = one_error_line(proc)
+    assert str(crafted) in line and "tensor rng.torch is not a state its generator takes" in line
     assert checksums(finished_run) == before
