@@ -8,6 +8,7 @@ The score is kept beside the run in RUN/full_val.json with the checkpoint it cam
 only when that checkpoint changed."""
 
 import json
+import math
 from pathlib import Path
 
 from analysis.trained import check_checkpoint_data, find_checkpoint, load_model
@@ -35,6 +36,8 @@ def score_checkpoint(path: Path) -> dict:
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(config.get("precision", "auto"), device))
     loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
+    if not math.isfinite(loss):  # finite weights can still overflow: a score of nan is no score (sample.py refuses it)
+        raise ValueError(f"checkpoint {str(path)!r} scores a val loss of {loss}: its weights have diverged")
     scored = {"val/loss": loss, "val/bpb": data.bits_per_byte(loss), "params": model.num_params()}
     return scored | {"data": config["data"], "step": ckpt.meta.get("step")}
 

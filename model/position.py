@@ -66,8 +66,9 @@ class RotaryEmbedding(nn.Module):
         self.fill_table(table_length, None)
 
     def fill_table(self, length: int, device: torch.device | None) -> None:
-        if torch.empty(0, device=device).is_meta:  # a shapes-only build: no values (meta arange imports dynamo)
-            self.cos_table = self.sin_table = torch.empty(1, 1, 0, self.d_k // 2, device=device)  # leading() computes
+        if torch.empty(0, device=device).is_meta:  # a shapes-only build: the tables' size, no values (arange on
+            self.cos_table = torch.empty(1, 1, length, self.d_k // 2, device=device)  # meta imports torch._dynamo)
+            self.sin_table = torch.empty_like(self.cos_table)
             return
         self.cos_table, self.sin_table = self(torch.arange(length, device=device)[None])
 

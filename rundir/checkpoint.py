@@ -12,6 +12,7 @@ so a crash at any instant leaves the previous checkpoint whole.
 import hashlib
 import json
 import math
+import os
 import random
 import re
 import types
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from data.text_file import NotJSON, loads_json
+from data.text_file import NotJSON, error_text, loads_json
 from model.config import GPTConfig
 from model.gpt import GPT
 from rundir.files import atomic_write_bytes
@@ -483,7 +484,7 @@ def check_model(ckpt: Checkpoint, where: str) -> None:
             f"{where}: header field vocab_size={ckpt.meta['vocab_size']} exceeds config.model.vocab_size="
             f"{config.vocab_size}: the tokenizer's ids would be outside the model"
         )
-    layout, tied = model_layout(config)
+    layout, tied, size = model_layout(config, where)
     for prefix in ("model.", "train."):
         held = ckpt.section(prefix)
         if prefix == "train." and not held:
@@ -500,6 +501,11 @@ def check_model(ckpt: Checkpoint, where: str) -> None:
                     f"{where}: tensor {prefix}{name} has shape {tuple(tensor.shape)}; its header's model config "
                     f"builds {layout[name]}"
                 )
+    if size > host_memory():  # the weights are the file's: what is left is a table no weight's shape sizes
+        raise ValueError(
+            f"{where}: its header's model config builds {size / 2**30:,.1f} GiB of weights and tables "
+            f"(model.block_size={config.block_size}); this machine has {host_memory() / 2**30:,.1f} GiB"
+        )
 
 
 def model_config(values: dict, where: str) -> GPTConfig:
@@ -533,12 +539,23 @@ def fits_type(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def model_layout(config: GPTConfig) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-    """The shapes of the weights `config` builds, by name, and the names of tied copies (a save stores one)."""
-    with torch.device("meta"), NoInit():
-        model = GPT(config)
+def model_layout(config: GPTConfig, where: str) -> tuple[dict[str, tuple[int, ...]], set[str], int]:
+    """The shapes of the weights `config` builds, by name, the names of tied copies (a save stores one), and the
+    bytes the build allocates: its weights and its tables (RoPE's, of block_size rows), which no weight's shape
+    shows. Refused in one line where the build itself cannot be done."""
+    try:
+        with torch.device("meta"), NoInit():
+            model = GPT(config)
+    except (RuntimeError, ValueError, OverflowError, MemoryError) as e:  # e.g. a size torch's storage overflows
+        raise ValueError(f"{where} has a model config this code cannot build ({error_text(e)})") from None
+    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tied = dict(model.named_parameters(remove_duplicate=False)).keys() - dict(model.named_parameters()).keys()
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}, set(tied)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}, set(tied), size
+
+
+def host_memory() -> int:
+    """Bytes of physical memory: every model is built on the host first, whatever device it then moves to."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class NoInit(TorchFunctionMode):

@@ -609,3 +609,49 @@ def test_a_refused_resume_from_a_given_path_is_one_line_and_changes_nothing(corp
     line = one_error_line(proc)
     assert str(crafted) in line and "tensor rng.torch is not a state its generator takes" in line
     assert checksums(finished_run) == before
+
+
+def overflowing(tensors: dict) -> None:
+    for name in ("model.ln_f.weight", "model.lm_head.weight"):
+        if name in tensors:
+            tensors[name] = tensors[name] * 1e30  # finite weights whose logits are not
+
+
+# What the readers of a trained model (sampling, scoring) refuse of a crafted file, each before building it
+READERS_REFUSE = {
+    "vocab_size=400000000": (
+        {"meta": lambda m: m["config"]["model"].update(vocab_size=400_000_000)},
+        r"has shape \(\d+, 32\); its header's model config builds \(400000000, 32\)",
+    ),
+    "n_layer=3000": (
+        {"meta": lambda m: m["config"]["model"].update(n_layer=3000)},
+        r"header field config.model.n_layer=3000, but its weights hold 2 blocks",
+    ),
+    "NaN weights": (
+        {"tensors": lambda t: t.update({"model.ln_f.weight": t["model.ln_f.weight"] * float("nan")})},
+        r"tensor model.ln_f.weight holds NaN or inf values",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", READERS_REFUSE)
+@pytest.mark.parametrize("reader", [["scripts/sample.py"], ["bench/bench_quality.py", "--score"]])
+def test_sampling_and_scoring_refuse_a_crafted_checkpoint_in_one_line(finished_run, tmp_path, reader, damage):
+    # Defect: sample.py built a 400,000,000-token model and died in the allocator (a traceback), or spent a minute
+    # building 3,000 layers; bench_quality --score printed "nan bits/byte" and exited 0
+    changes, message = READERS_REFUSE[damage]
+    path = rewrite_checkpoint(finished_run / "checkpoints" / "best.safetensors", tmp_path / "x.safetensors", **changes)
+    line = one_error_line(run_cli([*reader, str(path), *(["the "] if reader[0].endswith("sample.py") else [])]))
+    assert str(path) in line and re.search(message, line), line
+
+
+def test_scoring_refuses_finite_weights_whose_output_is_not_finite(finished_run, tmp_path):
+    # Defect: a score of nan bits/byte, exit 0, where sample.py refuses the same file
+    path = rewrite_checkpoint(
+        finished_run / "checkpoints" / "best.safetensors", tmp_path / "x.safetensors", tensors=overflowing
+    )
+    line = one_error_line(run_cli(["bench/bench_quality.py", "--score", str(path)]))
+    said = rf"checkpoint {re.escape(repr(str(path)))} scores a val loss of (nan|inf): its weights have diverged"
+    assert re.search(said, line), line
+    sampled = one_error_line(run_cli(["scripts/sample.py", str(path), "the "]))
+    assert "the model's output is not finite" in sampled

@@ -1,6 +1,7 @@
 """Checkpoint files: round trip of every piece of state, wrapper prefixes, refusing damaged,
 foreign and pickle files (without running them), atomic saves that fail halfway, rotation."""
 
+import dataclasses
 import errno
 import io
 import json
@@ -18,6 +19,7 @@ from torch import nn
 
 import rundir.checkpoint
 import rundir.files
+from data.tokenizer import CharTokenizer
 from model import GPT, GPTConfig
 from rundir.checkpoint import (
     load_checkpoint,
@@ -320,3 +322,163 @@ def test_a_folder_of_ones_own_named_latest_is_left_and_said(tmp_path, caplog):
         point_latest(tmp_path, tmp_path / "run")
     assert (tmp_path / "latest").is_dir() and not (tmp_path / "latest").is_symlink()
     assert "latest is not the link train.py keeps (a folder of its own): left as it is" in caplog.text
+
+
+# -- a checkpoint checked against itself before anything is built from it -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "optim", [OptimConfig(), OptimConfig(optimizer="muon"), OptimConfig(optimizer="muon", normuon_beta2=0.95)]
+)
+def test_every_optimizer_state_a_save_writes_has_a_known_shape(optim):
+    # restore_optimizer refuses a state key STATE_SHAPES does not name: a new optimizer's keys must be there
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    optimizer = build_optimizer(model, optim, "cpu")
+    x = torch.randint(0, 17, (2, 8))
+    model(x, x)[1].backward()
+    optimizer.step()
+    for state in optimizer.state.values():
+        assert state
+    shapes = {id(p): tuple(p.shape) for p in model.parameters()}
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            assert tuple(torch.as_tensor(value).shape) == rundir.checkpoint.STATE_SHAPES[key](shapes[id(param)])
+
+
+def test_every_header_field_a_run_writes_is_checked():
+    from rundir.run import RunState, checkpoint_meta
+
+    data = type("Data", (), {"tokenizer_meta": {"name": "char"}, "vocab_size": 3, "fingerprint": None})()
+    written = checkpoint_meta(RunState(), {"seed": 0}, data, {}).keys() | {"optim_param_groups", "rng", "source"}
+    assert written - {"format", "format_version"} <= rundir.checkpoint.HEADER.keys()
+
+
+def crafted(saved: Path, target: Path, meta=None, tensors=None) -> Path:
+    from tests.helpers import rewrite_checkpoint
+
+    def with_config(header: dict) -> None:
+        header.setdefault("config", {"model": dataclasses.asdict(CONFIG)})  # what a run's header holds
+        header.setdefault("tokenizer", CharTokenizer("abcdefghijklmnop").to_meta())  # 16 characters + <eot>: 17
+        if meta is not None:
+            meta(header)
+
+    return rewrite_checkpoint(saved, target, meta=with_config, tensors=tensors)
+
+
+# Each readable by safetensors and whole by its digest; each was trusted (a traceback, an allocation of 51 GB,
+# a minute building 3,000 layers, or weights silently converted) before the file was checked against itself.
+CRAFTED = {
+    "vocab_size=400000000": (
+        {"meta": lambda m: m["config"]["model"].update(vocab_size=400_000_000)},
+        r"tensor model\.\w+\.weight has shape \(17, 16\); its header's model config builds \(400000000, 16\)",
+    ),
+    "n_layer=3000": (
+        {"meta": lambda m: m["config"]["model"].update(n_layer=3000)},
+        r"header field config.model.n_layer=3000, but its weights hold 1 blocks",
+    ),
+    "d_model=2**40": (
+        {"meta": lambda m: m["config"]["model"].update(d_model=2**40)},
+        r"tensor model\.\w+\.weight has shape|has a model config this code cannot build",
+    ),
+    "block_size=2**40": (
+        {
+            "meta": lambda m: m["config"]["model"].update(block_size=2**40, pos_encoding="rope"),
+            "tensors": lambda t: t.pop("model.pos_emb.weight"),  # RoPE's table is sized by block_size, no weight
+        },
+        r"its header's model config builds [\d,.]+ GiB of weights and tables \(model.block_size=1099511627776\); "
+        r"this machine has",
+    ),
+    "an unknown model field": (
+        {"meta": lambda m: m["config"]["model"].update(n_layers=2)},
+        r"has a model config this code cannot build \(unknown field model.'n_layers'\)",
+    ),
+    "n_head a string": (
+        {"meta": lambda m: m["config"]["model"].update(n_head="2")},
+        r"model.n_head='2' is not int",
+    ),
+    'step "20"': ({"meta": lambda m: m.update(step="20")}, r"header field step='20' is invalid; it must be a non-neg"),
+    "step -5": ({"meta": lambda m: m.update(step=-5)}, r"header field step=-5 is invalid"),
+    "step true": ({"meta": lambda m: m.update(step=True)}, r"header field step=True is invalid"),
+    "best_val_loss NaN": ({"meta": lambda m: m.update(best_val_loss=float("nan"))}, r"header field best_val_loss"),
+    "metrics a list": ({"meta": lambda m: m.update(metrics=[1])}, r"header field metrics=\[1\] is invalid"),
+    "rng.torch of 16 bytes": (
+        {"tensors": lambda t: t.update({"rng.torch": t["rng.torch"][:16].clone()})},
+        r"tensor rng.torch is not a state its generator takes",
+    ),
+    "rng.python garbage": (
+        {"meta": lambda m: m["rng"].update(python=[3, [1, 2, 3], None])},
+        r"header field rng.python is not a state its generator takes",
+    ),
+    "rng.python's gauss a string": (
+        {"meta": lambda m: m["rng"]["python"].__setitem__(2, "x")},
+        r"header field rng.python is not a state its generator takes \(its cached gauss is 'x'",
+    ),
+    "rng missing": ({"meta": lambda m: m.pop("rng")}, r"holds no RNG state"),
+    "rng.cuda.0 of 5 bytes": (
+        {"tensors": lambda t: t.update({"rng.cuda.0": torch.zeros(5, dtype=torch.uint8)})},
+        r"tensor rng.cuda.0 has shape \(5,\); a CUDA RNG state is \(16,\)",
+    ),
+    "F16 weights": (
+        {"tensors": lambda t: t.update({"model.ln_f.weight": t["model.ln_f.weight"].half()})},
+        r"tensor model.ln_f.weight is torch.float16; this format writes torch.float32 there",
+    ),
+    "I32 weights": (
+        {"tensors": lambda t: t.update({"model.ln_f.weight": t["model.ln_f.weight"].int()})},
+        r"tensor model.ln_f.weight is torch.int32; this format writes torch.float32 there",
+    ),
+    "BF16 optimizer state": (
+        {"tensors": lambda t: t.update({"optim.0.exp_avg": t["optim.0.exp_avg"].bfloat16()})},
+        r"tensor optim.0.exp_avg is torch.bfloat16",
+    ),
+    "NaN weights": (
+        {"tensors": lambda t: t.update({"model.ln_f.weight": t["model.ln_f.weight"] * float("nan")})},
+        r"tensor model.ln_f.weight holds NaN or inf values",
+    ),
+    "a tensor of another name": (
+        {"tensors": lambda t: t.update({"extra": torch.zeros(1)})},
+        r"holds tensor 'extra', which this format never writes",
+    ),
+    "a state of an unknown key": (
+        {"tensors": lambda t: t.update({"optim.0.velocity": torch.zeros(1)})},
+        r"tensor optim.0.velocity is a state this code does not restore",
+    ),
+    "a state of no group's parameter": (
+        {"tensors": lambda t: t.update({"optim.999.exp_avg": torch.zeros(1)})},
+        r"tensor optim.999.exp_avg is for parameter 999, which no group lists",
+    ),
+    "a weight missing": ({"tensors": lambda t: t.pop("model.ln_f.weight")}, r"missing \['model.ln_f.weight'\]"),
+}
+
+
+@pytest.mark.parametrize("damage", CRAFTED)
+def test_a_crafted_checkpoint_is_refused_in_one_line_naming_the_file_and_the_field(saved, tmp_path, damage):
+    import time
+
+    changes, message = CRAFTED[damage]
+    path = crafted(saved, tmp_path / "crafted.safetensors", **changes)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=message) as refused:
+        load_checkpoint(path)
+    # Before the file was checked, 3,000 layers took 45-61 s to build: the check reads names and a meta build only
+    assert time.perf_counter() - start < 10
+    assert str(refused.value).startswith(f"checkpoint {str(path)!r}") and "\n" not in str(refused.value)
+
+
+def test_the_untouched_crafted_copy_loads(saved, tmp_path):
+    # the crafting itself (a header with a model config, a recomputed digest) is not what the refusals above refuse
+    load_checkpoint(crafted(saved, tmp_path / "crafted.safetensors"))
+
+
+def test_the_lab_refuses_a_crafted_checkpoint_as_a_bad_request_before_building_it(saved, tmp_path, monkeypatch):
+    # /api/load answered 500 "internal error" (the allocator's RuntimeError) for a header of vocab_size 400,000,000;
+    # a ValueError is the server's 400, with its message
+    from lab import api
+    from lab.session import LabSession
+
+    changes, message = CRAFTED["vocab_size=400000000"]
+    session = LabSession(crafted(saved, tmp_path / "whole.safetensors"), root=tmp_path)
+    path = crafted(saved, tmp_path / "crafted.safetensors", **changes)
+    monkeypatch.setattr("analysis.trained.GPT", lambda *a: pytest.fail("the model was built before the check"))
+    with pytest.raises(ValueError, match=message):
+        api.load(session, {"path": str(path)})
