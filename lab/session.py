@@ -66,6 +66,7 @@ class LabSession:
         self.lock = threading.Lock()
         self.wait_s = MODEL_WAIT_S
         self.waiting = 0  # requests waiting for the model: a streamed sample lets them go first
+        self.counting = threading.Lock()  # `waiting += 1` from two threads at once can lose one
         self.holder: tuple[str, float] | None = None  # (what holds the model, since when), for ModelBusy's line
         self.device = resolve_device(device)
         self.threads = threads  # torch threads for sampling; None: decode_threads' choice for the model
@@ -101,11 +102,13 @@ class LabSession:
     @contextmanager
     def using_model(self, what: str) -> Iterator[None]:
         """The model, for this request alone inside the block; ModelBusy after waiting `wait_s` for it."""
-        self.waiting += 1
+        with self.counting:
+            self.waiting += 1
         try:
             acquired = self.lock.acquire(timeout=self.wait_s)
         finally:
-            self.waiting -= 1
+            with self.counting:
+                self.waiting -= 1
         if not acquired:
             holder, since = self.holder or ("another request", time.monotonic())
             raise ModelBusy(
