@@ -108,10 +108,18 @@ def sample(session: LabSession, body: dict) -> tuple[dict, Iterator[dict]]:
     idx = session.encode(text(body, "prompt"))
 
     def records() -> Iterator[dict]:
-        with session.lock, session.sampling_threads():
-            ids, counted = idx.tolist(), LastDecode(session.tokenizer)
-            for piece in stream_text(session.model, counted, ids, settings, session.device):
+        counted = LastDecode(session.tokenizer)
+        pieces = stream_text(session.model, counted, idx.tolist(), settings, session.device)
+        try:  # the model a token at a time: another tab's request runs between two (its cache is its own)
+            while True:
+                with session.using_model(f"a sample of {settings.max_new_tokens} tokens"), session.sampling_threads():
+                    piece = next(pieces, None)
+                if piece is None:
+                    return
                 yield {"text": piece, "tokens": counted.ids}
+                session.let_others_in()
+        finally:
+            pieces.close()
 
     return {"prompt_tokens": int(idx.shape[0])}, records()
 
@@ -120,7 +128,7 @@ def attention(session: LabSession, body: dict) -> dict:
     idx = session.encode(text(body, "prompt"))
     layer = optional(body, "layer", integer, 0)
     layer = 0 if layer is None else layer  # a cleared field is the first layer, and the answer says so (it said null)
-    with session.lock:
+    with session.using_model("an attention map"):
         weights, variant = attention_layer(session.model, idx, layer)  # (H, T, T)
     return {
         "tokens": session.token_texts(idx),
@@ -153,7 +161,7 @@ def intervene(session: LabSession, body: dict) -> dict:
     """The full model and the model with `heads_off` switched off, measured side by side."""
     settings = sampling_settings(body)
     idx = session.encode(text(body, "prompt"))
-    with session.lock:
+    with session.using_model("an intervention"):
         heads = heads_from(body)
         gates = gates_without(session.model, heads)
         full = measure(session, idx, None, settings)
@@ -164,7 +172,7 @@ def intervene(session: LabSession, body: dict) -> dict:
 def importance(session: LabSession, body: dict) -> dict:
     """Each head's importance on this prompt: the loss with that head alone off, minus the full loss."""
     idx = session.encode(text(body, "prompt"))
-    with session.lock:
+    with session.using_model("a head importance"):
         model = session.model
         full = prompt_loss(model, idx)
         c = model.config

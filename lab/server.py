@@ -13,6 +13,10 @@ own; every /api/ request must carry the per-launch token of the printed URL (hea
 ?token=), so no other site, user or process on the machine can drive it; a POST body must be
 application/json (415), which a foreign page cannot send without a CORS preflight, and the lab approves
 none. The page's static files need no token.
+
+A connection that sends or reads nothing for IDLE_S is closed, and at most MAX_CONNECTIONS are served at
+once (each holds a thread; 800 stalled clients held 804 threads): the next is answered 503 and closed. A
+request that waits too long for the model (lab.session.MODEL_WAIT_S) is a 503 saying what holds it.
 """
 
 import contextlib
@@ -23,6 +27,7 @@ import math
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from http import HTTPStatus
@@ -33,7 +38,7 @@ from urllib.parse import parse_qs
 
 from data.text_file import NotJSON, loads_json, read_bytes
 from lab import api
-from lab.session import LabSession
+from lab.session import LabSession, ModelBusy
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,8 @@ STATIC = Path(__file__).with_name("static")
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 MAX_BODY = 1 << 20  # prompts and settings; nothing the page sends comes near a megabyte
 LINGER_S = 10.0  # how long a refused body is read away before its connection closes regardless
+IDLE_S = 10.0  # a connection silent this long (between requests, or mid-request) is closed
+MAX_CONNECTIONS = 64  # open at once, each a thread; past it a connection is answered 503 and closed
 
 
 def error_text(e: Exception) -> str:
@@ -104,11 +111,35 @@ class LabServer(ThreadingHTTPServer):
     def __init__(self, session: LabSession, host: str, port: int) -> None:
         super().__init__((host, port), LabHandler)
         self.session = session
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.token = secrets.token_urlsafe(32)
         # An IP address cannot be rebound (DNS rebinding needs a name), so any is taken; of names, those a
         # user may type: localhost, the --host given and, when it listens beyond this machine, its own name.
         names = {"localhost", host} | (set() if is_loopback(host) else {socket.gethostname()})
         self.names = {name.lower() for name in names if name}
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        """A thread for the connection while one of MAX_CONNECTIONS is free; else a 503 at once, and closed."""
+        if not self.slots.acquire(blocking=False):
+            body = strict_json({"error": f"the lab is serving {MAX_CONNECTIONS} connections; try again"}).encode()
+            head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+            head += f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(head.encode() + body)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def answers_to(self, host: str) -> bool:
         """Whether a request's Host header names this lab. Its port is not compared: an ssh tunnel
@@ -119,6 +150,7 @@ class LabServer(ThreadingHTTPServer):
 
 class LabHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # chunked transfer for the streamed sample
+    timeout = IDLE_S  # every read and write of the connection: a stalled client is closed, not waited on
     server: LabServer
 
     @property
@@ -131,8 +163,8 @@ class LabHandler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         try:
             super().handle()
-        except ConnectionError:  # the client hung up (closed the page): no one to answer, nothing to report
-            self.close_connection = True
+        except (ConnectionError, TimeoutError):  # the client hung up (closed the page) or stalled past IDLE_S:
+            self.close_connection = True  # no one to answer, nothing to report
 
     def send_bytes(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
@@ -259,6 +291,8 @@ class LabHandler(BaseHTTPRequestHandler):
         """Run `compute`; send its result, or its error as JSON (400 for the user's, 500 for ours)."""
         try:
             result = compute()
+        except ModelBusy as e:
+            return self.send_json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": error_text(e), "busy": True})
         except (ValueError, OSError) as e:  # OSError: a path the OS refuses (too long, unreadable), the user's
             return self.send_json(HTTPStatus.BAD_REQUEST, {"error": error_text(e)})
         except Exception as e:
@@ -282,15 +316,15 @@ class LabHandler(BaseHTTPRequestHandler):
                 for record in records:
                     self.send_chunk(record)
                 self.send_chunk({"done": True})
-            except (BrokenPipeError, ConnectionResetError):
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
                 raise
-            except (ValueError, OSError) as e:
+            except (ValueError, OSError, ModelBusy) as e:
                 self.send_chunk({"error": error_text(e)})
             except Exception as e:
                 log.exception("stream %s failed", self.path)
                 self.send_chunk({"error": f"internal error: {error_text(e)}"})
             self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):  # the page stopped reading (Stop, or closed)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the page stopped reading (Stop, or closed)
             self.close_connection = True
         finally:
             records.close()

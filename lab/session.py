@@ -2,7 +2,10 @@
 
 The model is loaded once and used under a lock: head gates are hooks on the shared model, so two
 requests running at once would see each other's gates. A lab serves one person; serialising is
-cheaper than a model copy per request.
+cheaper than a model copy per request. A request waits at most MODEL_WAIT_S for the model, then is told
+it is busy (`ModelBusy`, a 503), and a streamed sample takes the lock a token at a time, letting a request
+from another tab run between two of its tokens: one tab's long sample held the model for its whole length,
+and the other tab's request waited past its timeout.
 
 Samples decode under `session.sampling_threads()`: one thread for a small model unless the lab was
 started with a count (`threads`) or OMP_NUM_THREADS (generation.generate.decode_threads).
@@ -13,7 +16,9 @@ whole machine for whoever reaches it.
 """
 
 import threading
-from contextlib import AbstractContextManager
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,12 @@ from generation.generate import decode_threads, encode_prompt, torch_threads
 from model import GPT
 from rundir.files import METRICS
 from training.runtime import resolve_device
+
+MODEL_WAIT_S = 10.0  # a request's wait for the model; well inside a browser's or a client's own timeout
+
+
+class ModelBusy(RuntimeError):
+    """Another request kept the model past MODEL_WAIT_S; the server answers 503 with this line."""
 
 
 def run_dir_of(source: Path, checkpoint: Path) -> Path | None:
@@ -46,12 +57,17 @@ def default_root(source: Path) -> Path:
 
 
 class LabSession:
-    """The model, tokenizer and checkpoint a lab server works with; use `with session.lock:` around the model."""
+    """The model, tokenizer and checkpoint a lab server works with; use `with session.using_model(WHAT):`
+    around the model."""
 
     def __init__(
         self, source: str | Path, device: str = "cpu", root: str | Path | None = None, threads: int | None = None
     ) -> None:
         self.lock = threading.Lock()
+        self.wait_s = MODEL_WAIT_S
+        self.waiting = 0  # requests waiting for the model: a streamed sample lets them go first
+        self.counting = threading.Lock()  # `waiting += 1` from two threads at once can lose one
+        self.holder: tuple[str, float] | None = None  # (what holds the model, since when), for ModelBusy's line
         self.device = resolve_device(device)
         self.threads = threads  # torch threads for sampling; None: decode_threads' choice for the model
         if root is None and not Path(source).expanduser().exists():  # its folder was blamed as "--root 'None'"
@@ -76,15 +92,44 @@ class LabSession:
         source = self.inside_root(source)
         # the file a run directory means (its best.safetensors) too: a symlink there to a file outside was loaded
         trained = load_trained(self.inside_root(find_checkpoint(source)), self.device)
-        with self.lock:
+        with self.using_model("loading a checkpoint"):
             self.model: GPT = trained.model
             self.tokenizer: Tokenizer = trained.tokenizer
             self.checkpoint = trained.path
             self.step = trained.meta.get("step")
             self.run_dir = run_dir_of(source, trained.path)
 
+    @contextmanager
+    def using_model(self, what: str) -> Iterator[None]:
+        """The model, for this request alone inside the block; ModelBusy after waiting `wait_s` for it."""
+        with self.counting:
+            self.waiting += 1
+        try:
+            acquired = self.lock.acquire(timeout=self.wait_s)
+        finally:
+            with self.counting:
+                self.waiting -= 1
+        if not acquired:
+            holder, since = self.holder or ("another request", time.monotonic())
+            raise ModelBusy(
+                f"the model is busy with {holder} (for {time.monotonic() - since:.0f} s); try again when it finishes"
+            )
+        self.holder = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self.holder = None
+            self.lock.release()
+
+    def let_others_in(self, patience_s: float = 1.0) -> None:
+        """Between two pieces of a long job: a request waiting for the model takes it first (a Lock hands
+        itself to no one, and the job would take it straight back)."""
+        deadline = time.monotonic() + patience_s
+        while self.waiting and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     def sampling_threads(self) -> AbstractContextManager[None]:
-        """torch's thread count for sampling the loaded model, restored after; use inside `with self.lock:`
+        """torch's thread count for sampling the loaded model, restored after; use inside `using_model`
         (the count is process-wide, and another request may be using the model)."""
         return torch_threads(decode_threads(self.model, self.threads))
 

@@ -9,6 +9,8 @@ import json
 import logging
 import math
 import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,7 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from data.text_file import error_text
+
 STRATEGIES = ("ddp", "fsdp")
+JOIN_S = 30.0  # how long the processes wait for each other to join: torchrun starts them together
 BACKENDS = ("auto", "nccl", "gloo")
 T = TypeVar("T")
 
@@ -128,8 +133,13 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
             )
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the object collectives use the current device
+        store = join(info, min(JOIN_S, cfg.timeout_s))
+        store.set_timeout(timedelta(seconds=cfg.timeout_s))  # what torch's env:// rendezvous does after joining
         dist.init_process_group(
             backend,
+            store=store,
+            rank=info.rank,
+            world_size=info.world_size,
             timeout=timedelta(seconds=cfg.timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
@@ -145,6 +155,45 @@ def process_group(cfg: DistributedConfig, device: torch.device) -> Iterator[tupl
             # interpreter are whole: freed at exit instead, gloo's work takes the GIL mid-teardown and aborts.
             gc.collect()
             dist.destroy_process_group()
+
+
+def join(info: DistInfo, wait_s: float) -> dist.Store:
+    """The store every process of the run meets at (MASTER_ADDR:MASTER_PORT, as torchrun sets them), waited for
+    at most `wait_s`. RANK and WORLD_SIZE left in a plain shell's environment made a lone process wait the whole
+    collective timeout (600 s) and end in a DistStoreError traceback; it is one line naming the variables."""
+    where = f"RANK={info.rank} and WORLD_SIZE={info.world_size} are set"
+    alone = "or unset RANK, WORLD_SIZE and LOCAL_RANK to train in one process"
+    launch = f"start every process with torchrun (torchrun --nproc_per_node={info.world_size} train.py ...), {alone}"
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise ValueError(f"{where}, but {' and '.join(missing)} {verb} not (torchrun sets all of them): {launch}")
+    host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    address = f"{host}:{port}"
+    try:
+        if not os.environ.get("TORCHELASTIC_USE_AGENT_STORE") and info.rank != 0:
+            reachable(host, int(port), wait_s)  # torch's own wait prints C++ stack frames at each retry
+        store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timedelta(seconds=wait_s)))
+    except (dist.DistError, RuntimeError, ValueError, OSError) as e:  # DistStoreError, DistNetworkError; a bad port
+        others = info.world_size - 1
+        raise ValueError(
+            f"{where}, but this process did not meet the other {others} of the run at MASTER_ADDR:MASTER_PORT="
+            f"{address} within {wait_s:g} s ({error_text(e)}): {launch}"
+        ) from None
+    return store
+
+
+def reachable(host: str, port: int, wait_s: float) -> None:
+    """Return once something listens at host:port, or raise TimeoutError after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"nothing listens at {host}:{port}") from e
+            time.sleep(0.2)
 
 
 def quiet_unless_main(info: DistInfo) -> None:

@@ -5,6 +5,7 @@ rank instead of hanging."""
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,9 +24,9 @@ from generation.generate import SamplingParams
 from rundir.checkpoint import load_checkpoint
 from scripts.sample import SampleConfig, sample
 from tests.e2e.distributed_worker import failing_worker, free_port, json_worker
-from tests.helpers import compose_config
+from tests.helpers import compose_config, run_cli
 from training import distributed
-from training.distributed import DistInfo
+from training.distributed import DistInfo, DistributedConfig
 from training.setup import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,3 +333,64 @@ def test_a_collective_failed_by_a_dead_rank_is_one_line_that_says_so_even_under_
         with pytest.raises(SystemExit):
             stop_outside_the_loop(signal.SIGTERM, None)
     assert capsys.readouterr().err.startswith("stopped by SIGTERM outside the training loop")
+
+
+def rank_env(rank: int, **more: str) -> dict:
+    """A plain shell's environment with RANK and WORLD_SIZE left in it (no torchrun)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    return env | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)} | more
+
+
+LAUNCH = (
+    "start every process with torchrun (torchrun --nproc_per_node=2 train.py ...), or unset RANK, WORLD_SIZE and "
+    "LOCAL_RANK to train in one process"
+)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_rank_and_world_size_without_torchrun_are_one_line_at_once_naming_them(tiny_run_overrides, rank):
+    """Without MASTER_ADDR the run cannot meet its peers: said at once, not as torch's rendezvous message."""
+    started = time.monotonic()
+    proc = run_cli(["train.py", *tiny_run_overrides, "device=cpu"], env=rank_env(rank), timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"error: RANK={rank} and WORLD_SIZE=2 are set, but MASTER_ADDR and MASTER_PORT are not (torchrun sets all "
+        f"of them): {LAUNCH}"
+    ]
+    assert time.monotonic() - started < 60
+    out_dir = next(o.split("=", 1)[1] for o in tiny_run_overrides if o.startswith("out_dir="))
+    assert not Path(out_dir).exists(), "no run directory for a run that never began"
+
+
+@pytest.mark.parametrize(("rank", "reason"), [(0, r"Timed out .* 1/2 clients joined\."), (1, r"nothing listens at")])
+def test_a_process_whose_peers_never_come_stops_after_a_bounded_wait_in_one_line(tiny_run_overrides, rank, reason):
+    """MASTER_ADDR set by hand and no other process started: the wait was the collective timeout (600 s) and
+    ended in a DistStoreError traceback (rank 1: C++ stack frames at every retry)."""
+    port = str(free_port())
+    env = rank_env(rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    started = time.monotonic()
+    overrides = [*tiny_run_overrides, "device=cpu", "distributed.timeout_s=2"]
+    proc = run_cli(["train.py", *overrides], env=env, timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(
+        rf"error: RANK={rank} and WORLD_SIZE=2 are set, but this process did not meet the other 1 of the run at "
+        rf"MASTER_ADDR:MASTER_PORT=127\.0\.0\.1:{port} within 2 s \({reason}.*\): {re.escape(LAUNCH)}",
+        lines[0],
+    ), lines[0]
+    assert time.monotonic() - started < 60
+
+
+def test_the_wait_for_peers_is_bounded_below_the_collective_timeout(monkeypatch):
+    """The default run waits JOIN_S for its peers, not distributed.timeout_s (600 s)."""
+    monkeypatch.setattr(distributed, "JOIN_S", 0.5)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    started = time.monotonic()
+    group = distributed.process_group(DistributedConfig(), torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"did not meet the other 1 of the run .* within 0\.5 s"), group:
+        pass
+    assert time.monotonic() - started < 10
