@@ -67,12 +67,12 @@ def test_the_architecture_pages_layout_names_every_module_and_folder():
 @pytest.mark.parametrize("label", ["plots:    ", "score:    "])
 def test_the_readmes_closing_lines_are_what_a_run_prints(tmp_path, monkeypatch, label):
     """The README's sample of a run's last lines: its `plots:` and `score:` lines are those closing_lines writes."""
-    from cli.train_output import closing_lines
+    from cli.continue_commands import closing_lines
 
     readme, run = (ROOT / "README.md").read_text().splitlines(), readme_sample_run()
     (tmp_path / run).mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("cli.train_output.python_command", lambda: "python")  # as with the venv activated
+    monkeypatch.setattr("cli.continue_commands.python_command", lambda: "python")  # as with the venv activated
     printed = [line for line in closing_lines(run, {}, []).splitlines() if line.startswith(f"  {label}")]
     shown = [line for line in readme if line.startswith(f"  {label}") and str(run) in line]
     assert shown == printed and printed
