@@ -55,7 +55,11 @@ def main() -> None:
     sys.argv = sys.argv[1:]  # the sweep's own command line, train.py first
     entry = runpy.run_path(sys.argv[0], run_name="sweep_job")  # its main, without its command-line branch
     entry["start_process"]()
-    sys.exit(run_job_file(Path(os.environ.pop(JOB_FILE)), entry["main"]))
+    try:
+        sys.exit(run_job_file(Path(os.environ.pop(JOB_FILE)), entry["main"]))
+    except KeyboardInterrupt:  # a second Ctrl-C, which Hydra's run_job passes on: ended as train.py ends a run
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -211,3 +211,19 @@ def test_jobs_that_all_finish_within_one_poll_do_not_end_the_sweep_early(monkeyp
     configs = iter(OmegaConf.create({"n": n}) for n in range(7))
     returns = sweep_jobs.run_jobs(configs, 2, 1, Callbacks(), lambda: None)
     assert started == list(range(7)) and ended == returns == list(range(7))
+
+
+def test_a_jobs_second_ctrl_c_ends_it_in_one_line_as_a_single_run_does(tmp_path, monkeypatch, capsys):
+    # Defect: a sweep job's process ran Hydra's run_job outside train.py's own handling, so a second Ctrl-C
+    # (KeyboardInterrupt, which run_job does not catch) ended it with a traceback relayed to the terminal
+    from cli import sweep_job
+
+    script = tmp_path / "train.py"
+    script.write_text("def start_process():\n    pass\n\n\ndef main(cfg):\n    raise KeyboardInterrupt\n")
+    monkeypatch.setattr(sweep_job, "run_job_file", lambda job_file, task: task(None))
+    monkeypatch.setattr(sys, "argv", ["cli/sweep_job.py", str(script), "seed=1"])
+    monkeypatch.setenv(sweep_job.JOB_FILE, str(tmp_path / "job.yaml"))
+    with pytest.raises(SystemExit) as ended:
+        sweep_job.main()
+    assert ended.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert sys.argv == [str(script), "seed=1"]  # the job's command line is the sweep's own
