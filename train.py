@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cli.errors import exit_quietly_on_ctrl_c, exit_with_error, stop_outside_the_loop
+from cli.errors import LAUNCHER_PID, die_with, exit_quietly_on_ctrl_c, exit_with_error, stop_outside_the_loop
 
 with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     import hydra
@@ -26,9 +26,12 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     from omegaconf.errors import OmegaConfBaseException
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from cli import train_output as cli
-    from cli.config import composition_error, register_configs, to_train_config
-    from cli.sweep_jobs import JOB_FILE, LAUNCHER_PID, JobFailed, die_with, run_job_file
+    from cli import continue_commands as commands
+    from cli.argv import hydra_argv
+    from cli.config import composition_error, override_key, register_configs, to_train_config
+    from cli.console import ConsoleStream, console_logging
+    from cli.run_dirs import OUTPUTS, new_run_dir, point_latest, train_in_new_dir
+    from cli.train_help import help_text
     from rundir.records import log_to_file
     from studies.fairness import resolve_budget
     from training import distributed
@@ -36,7 +39,7 @@ with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import
     from training.setup import train
 
 log = logging.getLogger("train")
-USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed, JobFailed)
+USER_ERRORS = (ValueError, OSError, FloatingPointError, distributed.RankFailed)
 register_configs()
 
 
@@ -45,8 +48,8 @@ register_configs()
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = cli.run_overrides(hydra_cfg.overrides.task, sys.argv[1:], multirun)
-    cli.console_logging()
+    overrides = commands.run_overrides(hydra_cfg.overrides.task, sys.argv[1:], multirun)
+    console_logging()
     info = distributed.env_info()
     distributed.quiet_unless_main(info)
     if multirun:  # Hydra made the job's directory: it is the run's, and a failure is logged into it
@@ -57,75 +60,70 @@ def main(cfg: DictConfig) -> float | None:
     auto_named, train_cfg = cfg.out_dir is None, None
     try:
         if auto_named:
-            cfg.out_dir = str(cli.new_run_dir())  # under torchrun, train() gives every rank rank 0's
+            cfg.out_dir = str(new_run_dir())  # under torchrun, train() gives every rank rank 0's
         train_cfg = to_train_config(cfg)
         if auto_named and train_cfg.resume == "auto":
-            raise cli.nothing_to_resume(Path(train_cfg.out_dir), overrides, train_cfg)
+            raise commands.nothing_to_resume(Path(train_cfg.out_dir), overrides, train_cfg)
         given = train_cfg.max_steps
         resolve_budget(train_cfg)  # a study's iso_flop / iso_time budget becomes max_steps, before the run
-        if train_cfg.max_steps != given and any(cli.override_key(o) == "max_steps" for o in overrides):
+        if train_cfg.max_steps != given and any(override_key(o) == "max_steps" for o in overrides):
             log.warning(  # `+experiment=ablate_heads_iso_flop max_steps=3` trained 31,999 steps without a word
                 "fairness.mode=%s sets max_steps=%d from its budget, in place of the max_steps=%d given "
                 "(fairness.mode=fixed_d_model keeps yours)", train_cfg.fairness.mode, train_cfg.max_steps, given,
             )  # fmt: skip
-        metrics = cli.train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
+        metrics = train_in_new_dir(train_cfg, train) if auto_named and not info.enabled else train(train_cfg)
     except RunInterrupted as e:
         if info.is_main:  # every rank stopped at the same step: one says so
-            again = "" if e.finished else f"; continue with: {cli.continue_command(Path(e.out_dir), overrides)}"
+            again = "" if e.finished else f"; continue with: {commands.continue_command(Path(e.out_dir), overrides)}"
             log.warning("%s%s", e, again)
         if multirun:  # that continues this job alone: the jobs after it never started
             sweep_dir = str(Path(hydra_cfg.sweep.dir).absolute())
-            log.warning("continue the whole sweep: %s", cli.sweep_continue_command(sweep_dir, sys.argv[1:]))
+            log.warning("continue the whole sweep: %s", commands.sweep_continue_command(sweep_dir, sys.argv[1:]))
         if auto_named and info.is_main:
-            cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
+            point_latest(OUTPUTS, Path(train_cfg.out_dir))
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is not saved, an earlier one may be
         run_dir = Path(train_cfg.out_dir) if train_cfg else None  # train_in_new_dir may have moved on
-        if info.is_main and run_dir and (hint := cli.insisted_hint(run_dir, overrides)):
+        if info.is_main and run_dir and (hint := commands.insisted_hint(run_dir, overrides)):
             log.warning("%s", hint)
             if auto_named:
-                cli.point_latest(cli.OUTPUTS, run_dir)
+                point_latest(OUTPUTS, run_dir)
         raise
     except USER_ERRORS as e:  # one line, no traceback
         if multirun:
             log.error("%s", e)
             raise  # Hydra records the failed job and goes on with the rest of the sweep
-        exit_with_error(cli.with_continue_command(e, train_cfg, overrides))
+        exit_with_error(commands.with_continue_command(e, train_cfg, overrides))
     except Exception:
         log.exception("training failed")  # into the run's train.log, where the ablation report finds it
         raise
-    if info.is_main and not multirun:  # a sweep ends with its own hint (cli.train_output.SweepHint)
+    if info.is_main and not multirun:  # a sweep ends with its own hint (cli/sweep_hint.py)
         if auto_named:
-            cli.point_latest(cli.OUTPUTS, Path(train_cfg.out_dir))
-        print(cli.closing_lines(Path(train_cfg.out_dir), metrics, overrides), file=sys.stderr)
+            point_latest(OUTPUTS, Path(train_cfg.out_dir))
+        print(commands.closing_lines(Path(train_cfg.out_dir), metrics, overrides), file=sys.stderr)
     return metrics.get("val/loss")  # lets Hydra sweepers optimise it
 
 
-if __name__ == "__main__":
-    if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help stays under --hydra-help
-        print(cli.help_text(Path(__file__).parent / "configs"))
-        sys.exit(0)
-    sys.stdout, sys.stderr = cli.ConsoleStream(sys.stdout), cli.ConsoleStream(sys.stderr)
+def start_process() -> None:
+    """What every train.py process does before Hydra starts, a sweep's job (cli/sweep_job.py) too."""
+    sys.stdout, sys.stderr = ConsoleStream(sys.stdout), ConsoleStream(sys.stderr)
     signal.signal(signal.SIGTERM, stop_outside_the_loop)  # the loop's own StopSignals save a step first
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises instead of printing several lines...
     if launcher := os.environ.pop(LAUNCHER_PID, None):  # a sweep's job, a benchmark's run: not left running alone
         die_with(int(launcher))
+
+
+if __name__ == "__main__":
+    if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's own help stays under --hydra-help
+        print(help_text(Path(__file__).parent / "configs"))
+        sys.exit(0)
+    start_process()
     try:
-        if job_file := os.environ.pop(JOB_FILE, None):  # one job of a sweep the parallel launcher runs
-            sys.exit(run_job_file(Path(job_file), main))
-        sys.argv = cli.hydra_argv(sys.argv, distributed.env_info())
+        sys.argv = hydra_argv(sys.argv, distributed.env_info())
         main()
     except (HydraException, OmegaConfBaseException) as e:  # ...so a config it cannot compose gets one
         exit_with_error(composition_error(e))
-    except USER_ERRORS as e:  # a sweep's failed job (main logged it in full, into the job's train.log)
-        if cli.SweepHint.sweep:  # Hydra raises it once the sweep's other jobs have run
-            print(cli.sweep_hint(**cli.SweepHint.sweep, failed=True), file=sys.stderr)
-            if isinstance(e, JobFailed) and e.stopped:  # killed: its checkpoints continue it
-                sweep_dir = str(Path(cli.SweepHint.sweep["sweep_dir"]).absolute())
-                print(
-                    f"  continue the whole sweep: {cli.sweep_continue_command(sweep_dir, sys.argv[1:])}",
-                    file=sys.stderr,
-                )
+    except USER_ERRORS as e:  # a sweep's failed job too (its hint printed by then, its error logged in full)
         exit_with_error(e)
     except KeyboardInterrupt:  # during start-up (a run dir made for it is gone again) or a second Ctrl-C
         print("interrupted", file=sys.stderr)

@@ -51,9 +51,8 @@ from analysis.trained import find_checkpoint
 from bench import classical
 from bench.bench_train import in_fresh_process, load_config
 from bench.leave_one_out import LEAVE_ONE_OUT
-from cli.errors import exit_with_error
+from cli.errors import LAUNCHER_PID, exit_with_error
 from cli.schema_help import OneLineParser, at_least
-from cli.sweep_jobs import LAUNCHER_PID
 from data.config import DataConfig
 from data.prepare import prepare
 from data.text_file import Refused, read_json, read_json_object

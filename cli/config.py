@@ -143,6 +143,11 @@ def composition_error(e: Exception) -> str:
     return " ".join(lines)
 
 
+def override_key(override: str) -> str:
+    """The key a Hydra override sets: '+model.n_head=8' -> 'model.n_head', '~seed' -> 'seed'."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def hydra_value(text: str) -> str:
     """`text` as an override value Hydra reads back as `text`: bare where its grammar takes it so, else in
     Hydra's quotes (a path with a non-ASCII letter, a comma, which would start a sweep, or brackets)."""

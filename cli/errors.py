@@ -1,9 +1,11 @@
 """How an entry point fails: a problem the user can fix is one line `error: ...` on stderr and a non-zero
 exit (the only place that turns an exception into that line), and Ctrl-C in the seconds an entry point
 takes to import torch is a quiet exit 130, not a traceback from deep inside an import (nothing is
-written while the imports run, so nothing can be lost)."""
+written while the imports run, so nothing can be lost). A run stops, saving first, on SIGTERM, and when the
+process that started it (a sweep's launcher, a benchmark) dies."""
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -13,6 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
+
+LAUNCHER_PID = "ATTNLAB_LAUNCHER_PID"  # the process that started train.py (a sweep, bench_quality): it dies with it
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _exit_now(*_) -> None:
@@ -72,3 +77,12 @@ def stop_outside_the_loop(signum: int, frame: object) -> NoReturn:
         print(f"stopped by {signal.Signals(signum).name} outside the training loop (in it, a stop saves a step first)",
               file=sys.stderr)  # fmt: skip
     raise SystemExit(128 + signum)
+
+
+def die_with(launcher_pid: int) -> None:
+    """SIGTERM to this run when the process that started it dies (Linux; train.py calls it where LAUNCHER_PID is
+    set): the run saves and stops, as after any SIGTERM, instead of training on with no one to read it."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != launcher_pid:  # it died before the line above could take effect
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -5,9 +5,9 @@ thread, and one job's start-up, evaluations and saves leave the cores idle that 
 
 The launcher composes each job's config as Hydra's basic launcher does and writes it as YAML into a private
 folder (never a pickle: a job reads it with OmegaConf, and train.py types it against the schema again);
-the job's process is the sweep's own command (`python train.py ...`, so its lock and continue lines read as
-before) with ATTNLAB_SWEEP_JOB naming that file: train.py hands it to `run_job_file`, which runs Hydra's
-`run_job` (the job's folder, its .hydra/ files, the task) and writes the outcome beside the file.
+the job's process (cli/sweep_job.py) runs the sweep's own train.py on that file with the sweep's command line
+as its own, so its lock and continue lines read as a single run's: Hydra's `run_job` (the job's folder, its
+.hydra/ files, the task), the outcome written beside the file.
 
 Each job is in a process group of its own, so a terminal's Ctrl-C reaches it once, forwarded by the launcher
 (`run_jobs`): the job saves and stops as a single run does, a second Ctrl-C stops it at once, a third kills
@@ -16,8 +16,6 @@ no job trains on unseen. A job's output comes to this terminal line by line unde
 """
 
 import contextlib
-import ctypes
-import json
 import os
 import shutil
 import signal
@@ -32,25 +30,24 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from hydra.conf import HydraConf
-from hydra.core.utils import JobReturn, JobRuntime, JobStatus, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
-from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from cli.errors import error_line
-from data.text_file import read_json_object, read_yaml_text
+from cli.errors import LAUNCHER_PID
+from cli.sweep_job import JOB_FILE
+from data.text_file import read_json_object
 
-JOB_FILE = "ATTNLAB_SWEEP_JOB"  # set in a job's environment: the YAML config it runs
-LAUNCHER_PID = "ATTNLAB_LAUNCHER_PID"  # the process that started train.py (a sweep, bench_quality): it dies with it
+ROOT = Path(__file__).resolve().parents[1]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_S = 0.1  # how often the launcher looks for finished jobs and stop signals to pass on
 KILL_AFTER_S = 30.0  # a job that has not stopped this long after SIGTERM (the launcher failing) is killed
 
 
-class JobFailed(RuntimeError):
-    """A sweep job failed; the message is the job's own one-line error. `stopped`: its process ended before the
-    job could say why (a kill, the OOM killer), so resume=auto continues it from its newest checkpoint."""
+class JobFailed(ValueError):
+    """A sweep job failed; the message is the job's own one-line error, which train.py prints as it prints a bad
+    value's (a ValueError). `stopped`: its process ended before the job could say why (a kill, the OOM killer),
+    so resume=auto continues it from its newest checkpoint."""
 
     def __init__(self, message: str, stopped: bool = False) -> None:
         super().__init__(message)
@@ -169,9 +166,10 @@ def start_job(config: DictConfig, folder: Path, threads: int) -> Job:
         config.hydra.sweep.dir = str(config.hydra.sweep.dir)
     OmegaConf.save(config, job_file)
     env = {**os.environ, JOB_FILE: str(job_file), LAUNCHER_PID: str(os.getpid()), "OMP_NUM_THREADS": str(threads)}
-    env["PYTHONUNBUFFERED"] = "1"
+    # -P: the job's modules come from this checkout (PYTHONPATH), never from a cli/ in the folder it runs in
+    env["PYTHONUNBUFFERED"], env["PYTHONPATH"] = "1", os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     process = subprocess.Popen(
-        [sys.executable, *sys.argv],
+        [sys.executable, "-P", "-m", "cli.sweep_job", *sys.argv],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -229,44 +227,3 @@ def stop_now(running: list[Job]) -> None:
         except subprocess.TimeoutExpired:
             job.send(signal.SIGKILL)
             job.process.wait()
-
-
-# -- in the job's own process -------------------------------------------------------------------------------
-
-
-def run_job_file(job_file: Path, task_function: Callable[[DictConfig], Any]) -> int:
-    """Run the job `job_file` holds, as Hydra's basic launcher would in its own process (the job's folder, its
-    .hydra/ files, then the task), and write the outcome beside the file; the exit code (0: completed).
-    The launcher's process calls the sweep's callbacks, so none run here."""
-    from hydra._internal.callbacks import Callbacks
-
-    # plain YAML: train.py's to_train_config types the task against its schema
-    config = OmegaConf.create(read_yaml_text(job_file, "job file"))
-    assert isinstance(config, DictConfig)
-    with open_dict(config):  # and Hydra's own node against Hydra's (HydraConfig.set_config insists on it)
-        schema = OmegaConf.structured(HydraConf)
-        OmegaConf.set_struct(schema, False)  # keys Hydra's runtime adds beyond the dataclass (hydra.env, ...)
-        config.hydra = OmegaConf.merge(schema, config.hydra)
-    setup_globals()  # the ${now:} and ${hydra:} resolvers (the file holds the sweep's folder already resolved)
-    JobRuntime.instance().set("name", config.hydra.job.name)
-    context = HydraContext(config_loader=None, callbacks=Callbacks())  # type: ignore[arg-type]
-    ret = run_job(task_function, config, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
-    failed = ret.status == JobStatus.FAILED
-    value = ret._return_value
-    outcome = {"error": error_line(value) if failed else None, "value": None if failed else value}
-    tmp = job_file.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(outcome))
-    tmp.replace(job_file.with_suffix(".json"))  # whole or absent: a job killed mid-write failed
-    return 1 if failed else 0
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with(launcher_pid: int) -> None:
-    """SIGTERM to this run when the process that started it dies (Linux; train.py calls it where LAUNCHER_PID is
-    set): the run saves and stops, as after any SIGTERM, instead of training on with no one to read it."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    if os.getppid() != launcher_pid:  # it died before the line above could take effect
-        os.kill(os.getpid(), signal.SIGTERM)

@@ -4,7 +4,8 @@ one torch thread; the study recipes choose it (`override /hydra/launcher: parall
     python train.py -m hydra/launcher=parallel [hydra.launcher.jobs=2] [hydra.launcher.threads=1] seed=1,2,3
 
 Hydra takes launchers only from the hydra_plugins package, so the class is here; the processes are
-cli/sweep_jobs.py's. Each job's config is composed as Hydra's basic launcher composes it."""
+cli/sweep_jobs.py's, imported when a sweep sets the launcher up (Hydra's plugin scan imports this module in
+every run, a single one too). Each job's config is composed as Hydra's basic launcher composes it."""
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -15,8 +16,6 @@ from hydra.core.utils import JobReturn, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
-
-from cli.sweep_jobs import check_launcher_values, jobs_at_a_time, run_jobs
 
 
 @dataclass
@@ -37,10 +36,14 @@ class ParallelLauncher(Launcher):
         self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from cli.sweep_jobs import check_launcher_values
+
         check_launcher_values(self.jobs, self.threads)  # before the sweep folder is made
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from cli.sweep_jobs import jobs_at_a_time, run_jobs
+
         assert self.config is not None and self.hydra_context is not None and self.task_function, "launch before setup"
         setup_globals()
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)

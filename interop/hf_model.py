@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from model.gpt import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -1,5 +1,6 @@
 """The model: attention from the equation, transformer blocks and the GPT around them."""
 
-from model.gpt import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 
 __all__ = ["GPT", "GPTConfig"]

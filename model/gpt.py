@@ -24,8 +24,6 @@ from model.kv_cache import KVCache, cache_layout, token_positions
 from model.pointer import mix_pointer, pointer_states
 from model.position import RotaryEmbedding, SinusoidalPositions
 
-__all__ = ["GPT", "GPTConfig"]  # GPTConfig lives in model/config.py; `from model.gpt import GPTConfig` stays
-
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:

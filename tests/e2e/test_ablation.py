@@ -210,7 +210,8 @@ def test_a_paper_recipe_runs_end_to_end_into_its_report(tiny_run_overrides, tmp_
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["h1_s0", "h1_s1", "h4_s0", "h4_s1"]
     # the closing hint names the paper section and reference cell, so the command as printed is the one to paste
     hint = done.stderr.strip().splitlines()[-1]
-    assert hint == f"  report: python scripts/ablation_report.py {sweep} --paper vaswani_a --reference model.n_head=4"
+    report = f"  report: python scripts/ablation_report.py {sweep} --paper vaswani_a --reference model.n_head=4"
+    assert hint == report + " --full-val"  # scored on every held-out token: a seed spread 4.5 times smaller
     out = tmp_path / "report"
     done = run_cli([*shlex.split(hint.removeprefix("  report: python ")), "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -231,10 +232,11 @@ def test_a_sweep_with_a_failed_job_still_ends_with_its_folder_and_the_report_com
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert lines[-3:-1] == [
+    assert lines[-4:-2] == [  # then Hydra's line naming the failed job's overrides, then its error
         f"sweep done, with failed jobs (the report lists them): {sweep}",
-        f"  report: python scripts/ablation_report.py {sweep}",
+        f"  report: python scripts/ablation_report.py {sweep} --full-val",
     ]
+    assert lines[-2].startswith("Error executing job with overrides: [") and "batch_size=100000" in lines[-2]
     too_few = (
         r"error: the train split has \d+ tokens "
         r"\(split by bytes: data.val_fraction=0.1 of the text held out\), fewer than one"
@@ -338,7 +340,7 @@ def test_a_second_sweep_into_a_live_sweeps_folder_is_refused_before_it_writes(tm
         done = run_cli(second, cwd=tmp_path)
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
         [line] = [line for line in done.stderr.splitlines() if line.strip()]
-        # the sweep's own lock on its folder (cli.sweep_check.SweepLock), or its job's
+        # the sweep's own lock on its folder (cli.sweep_check.SweepGuard), or its job's
         assert re.match(rf"error: hydra.sweep.dir={sweep} holds a live sweep \({sweep}(/0)? is in use by a live", line)
         assert line.endswith("; wait for it or give another")
         assert {p: p.read_bytes() for p in before} == before

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from cli.argv import hydra_argv
 from cli.config import to_train_config
-from cli.train_output import hydra_argv
 from data.batches import BatchLayout, batch_layout, sample_batch
 from generation.generate import SamplingParams
 from rundir.checkpoint import load_checkpoint

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cli.config import to_train_config
-from cli.train_output import train_in_new_dir
+from cli.run_dirs import train_in_new_dir
 from rundir.checkpoint import load_checkpoint
 from rundir.files import RunLock
 from tests.helpers import ROOT, compose_config, rewrite_checkpoint, run_cli, run_train

@@ -45,7 +45,7 @@ def test_the_closing_lines_name_the_interpreter_when_python_on_path_is_another(t
 
 
 def test_with_the_venv_on_path_the_commands_say_python(tmp_path, monkeypatch):
-    from cli.train_output import python_command
+    from cli.continue_commands import python_command
 
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     assert python_command() == "python"

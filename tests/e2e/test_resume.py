@@ -296,7 +296,7 @@ def test_resume_auto_of_another_model_names_every_difference_and_the_command_tha
     # but this run has 4096; resume with the checkpoint's model config") and not how.
     import training.setup
     from cli.config import to_train_config
-    from cli.train_output import with_continue_command
+    from cli.continue_commands import with_continue_command
     from rundir.run import ModelMismatch
     from tests.helpers import compose_config
 

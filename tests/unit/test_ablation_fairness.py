@@ -2,7 +2,8 @@
 
 import pytest
 
-from model.gpt import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from studies.fairness import FairnessConfig
 
 

@@ -314,7 +314,7 @@ def test_a_folder_of_ones_own_named_latest_is_left_and_said(tmp_path, caplog):
     # Defect: a real folder outputs/latest was silently never updated; the README's `outputs/latest` then named it
     import logging
 
-    from cli.train_output import point_latest
+    from cli.run_dirs import point_latest
 
     (tmp_path / "latest").mkdir()
     (tmp_path / "run").mkdir()

@@ -2,8 +2,8 @@
 
 import io
 
+from cli.console import ConsoleStream
 from cli.errors import replace_unencodable
-from cli.train_output import ConsoleStream
 
 
 def test_a_console_without_a_character_shows_a_question_mark_instead_of_ending_the_run():

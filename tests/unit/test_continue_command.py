@@ -10,14 +10,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from cli.train_output import (
-    END_KEYS,
-    closing_lines,
-    continue_command,
-    hydra_argv,
-    run_overrides,
-    sweep_continue_command,
-)
+from cli.argv import hydra_argv
+from cli.continue_commands import END_KEYS, closing_lines, continue_command, run_overrides, sweep_continue_command
 from tests.helpers import ROOT, readme_sample_run, run_cli
 from training.distributed import DistInfo
 
@@ -241,11 +235,12 @@ def test_the_sample_command_gives_a_prompt_the_model_can_encode(tmp_path, chars,
 
 def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
     # Defect: a sweep never said "job i of N" or how long the rest would take.
+    from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
     from analysis.sweep import sweep_jobs
-    from cli import train_output
-    from cli.train_output import SweepHint
+    from cli import sweep_hint
+    from cli.sweep_hint import SweepHint
 
     assert len(sweep_jobs([], ["model.n_head=1,2,4", "seed=1337,1338", "+debug=tiny", "x=range(3)"])) == 18
     # Defect: a recipe sweeping model.n_head over 5 values and seeds over 5, run with model.n_head=1,2,8,16
@@ -263,7 +258,7 @@ def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
         }
     )
     clock = iter([100.0, 130.0])
-    monkeypatch.setattr(train_output.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(sweep_hint.time, "perf_counter", lambda: next(clock))
     hint.on_multirun_start(start)
     for num in (0, 1):  # as typed, space-separated (override_dirname's commas could not be pasted back)
         job = {
@@ -271,6 +266,7 @@ def test_a_sweep_says_job_i_of_n_and_the_time_left(capsys, monkeypatch):
             "overrides": {"task": [f"a={num + 1}", "seed=1"]},
         }
         hint.on_job_start(OmegaConf.create({"hydra": job}))
+        hint.on_job_end(OmegaConf.create({"hydra": job}), JobReturn(status=JobStatus.COMPLETED))
     assert capsys.readouterr().err.splitlines() == [
         "job 1 of 6: a=1 seed=1",
         "job 2 of 6: a=2 seed=1, about 2 min left",
@@ -282,6 +278,6 @@ def test_a_single_runs_job_start_says_nothing():
     # would print the error as a UserWarning above the run's header).
     from omegaconf import OmegaConf
 
-    from cli.train_output import SweepHint
+    from cli.sweep_hint import SweepHint
 
     SweepHint().on_job_start(OmegaConf.create({"hydra": {"job": {"num": "???"}}}))

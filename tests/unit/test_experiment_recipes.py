@@ -102,13 +102,13 @@ def test_the_cpu_studies_run_two_jobs_at_a_time_on_one_thread_each(name):
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_a_recipes_header_gives_the_report_command_its_sweep_prints(name):
-    from cli.train_output import sweep_hint
+    from cli.sweep_hint import sweep_hint
 
     hint = hydra_node(name).callbacks.sweep_hint
-    printed = sweep_hint("SWEEP", hint.get("paper"), hint.get("reference"), full_val=hint.get("full_val")).splitlines()[
-        -1
-    ]
-    report = printed.removeprefix("  report: python ").replace("SWEEP", f"multirun/{name}/<date_time>")
+    printed = sweep_hint("SWEEP", hint.get("paper"), hint.get("reference"), full_val=hint.get("full_val", True))
+    report = printed.splitlines()[-1].removeprefix("  report: python ").replace("SWEEP", f"multirun/{name}/<date_time>")
+    assert report.endswith(" --full-val")  # the sweep suggests the report scored on every held-out token
+    report = report.removesuffix(" --full-val")  # a header may give it scored on the loop's batches
     header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
     lines = [line.removeprefix("#   python ") for line in header.splitlines() if "scripts/ablation_report.py" in line]
     assert lines or not hint.get("paper"), f"{name} names a paper section but its header gives no report command"

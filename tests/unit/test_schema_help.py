@@ -74,7 +74,7 @@ def test_train_help_shows_the_default_runs_values_with_the_schemas_meanings():
     from omegaconf import OmegaConf
 
     from cli.config import CONFIG_DIR, compose_configs
-    from cli.train_output import help_text
+    from cli.train_help import help_text
 
     composed = compose_configs([])
     lines = help_text(CONFIG_DIR).splitlines()

@@ -3,8 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from cli.sweep_check import SweepLock, check_every_job
-from cli.train_output import reference_in_plan
+from cli.sweep_check import SweepGuard, check_every_job
+from cli.sweep_hint import reference_in_plan
 from rundir.files import live_run_in
 
 
@@ -36,7 +36,7 @@ def test_the_report_command_keeps_a_reference_cell_only_where_the_sweep_has_it()
 def test_a_recipe_sweeps_job_continued_with_hydra_mode_run_is_one_run():
     # Defect: the continue line printed for one job of a recipe sweep (+experiment=... hydra.mode=RUN) was
     # refused as "out_dir does not apply to a sweep"; the recipe's YAML turns multirun on, the line turns it off.
-    from cli.train_output import sweeping_recipe
+    from cli.argv import sweeping_recipe
 
     assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1"]) == "+experiment=ablate_heads_dk_cpu"
     assert sweeping_recipe(["+experiment=ablate_heads_dk_cpu", "seed=1", "hydra.mode=RUN"]) is None
@@ -46,7 +46,7 @@ def test_a_recipe_sweeps_job_continued_with_hydra_mode_run_is_one_run():
 def test_hydras_own_flags_on_a_sweep_are_hydras_to_read(flags):
     # Defect: `train.py +experiment=vaswani_a_cpu --cfg job` (and --info, -cd) was "error: token recognition
     # error at: '-'": the check before the jobs read the flag as an override
-    from cli.train_output import hydra_argv
+    from cli.argv import hydra_argv
     from training.distributed import DistInfo
 
     argv = ["train.py", "+experiment=vaswani_a_cpu", *flags]
@@ -57,11 +57,23 @@ def test_a_sweep_holds_its_folder_so_a_second_one_started_at_once_is_refused(tmp
     # Defect: two sweeps into one folder within ~2 s (before any job had locked its own folder) both ran, split the
     # jobs and mixed the records: a job's .hydra/ named the other sweep's overrides, and the report compared them.
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
-    first, second = SweepLock(), SweepLock()
-    first.on_multirun_start(config)
-    assert live_run_in(tmp_path / "sweep")  # what the check before Hydra reads
+    config.hydra.overrides = {"task": []}
+    first, second = SweepGuard(), SweepGuard()
+    first.check(config)
+    assert live_run_in(tmp_path / "sweep")  # what the check of a sweep's folder reads
     with pytest.raises(ValueError, match=rf"^hydra.sweep.dir={tmp_path / 'sweep'} holds a live sweep \(.*pid "):
-        second.on_multirun_start(config)
+        second.check(config)
     first.on_multirun_end(config)
-    second.on_multirun_start(config)  # the first sweep is over
+    second.check(config)  # the first sweep is over
     second.on_multirun_end(config)
+
+
+def test_the_guard_refuses_in_one_line_where_hydra_would_only_warn(tmp_path, capsys):
+    # Hydra turns a callback's exception into a UserWarning and runs the sweep anyway: the guard exits instead.
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "overrides": {"task": []}}})
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as refused:
+        SweepGuard().on_multirun_start(config)
+    assert refused.value.code == 1
+    assert capsys.readouterr().err.startswith(f"error: hydra.sweep.dir={tmp_path} already holds a sweep's runs (0/: ")

@@ -11,9 +11,9 @@ import sys
 import threading
 
 import pytest
-from hydra.core.utils import JobStatus
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from cli.sweep_jobs import Job, JobFailed, check_launcher_values, job_return, jobs_at_a_time, pass_on, relay_lines
 
@@ -112,20 +112,23 @@ def test_a_job_that_dies_without_a_word_fails_with_how_it_ended(tmp_path):
         _ = crashed.return_value
 
 
+def job_config(num: int) -> DictConfig:
+    return OmegaConf.create({"hydra": {"job": {"num": num}, "overrides": {"task": [f"seed={num + 1}"]}}})
+
+
 def test_with_two_jobs_at_once_the_pace_counts_the_running_one_half_done(capsys, monkeypatch):
-    from cli import train_output
-    from cli.train_output import SweepHint
+    from cli import sweep_hint
+    from cli.sweep_hint import SweepHint
 
     hint = SweepHint()
     start = {"sweep": {"dir": "multirun/x"}, "sweeper": {"params": {"seed": "1,2,3,4,5,6"}}, "overrides": {"task": []}}
-    start["launcher"] = {"_target_": "hydra_plugins.attnlab_launcher.ParallelLauncher", "jobs": 2, "threads": 1}
     clock = iter([100.0, 160.0])  # the sweep starts; job 3 starts a minute later, when one of the first two ends
-    monkeypatch.setattr(train_output.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(sweep_hint.time, "perf_counter", lambda: next(clock))
     hint.on_multirun_start(OmegaConf.create({"hydra": start}))
-    for num in (0, 1, 2):
-        hint.on_job_start(
-            OmegaConf.create({"hydra": {"job": {"num": num}, "overrides": {"task": [f"seed={num + 1}"]}}})
-        )
+    hint.on_job_start(job_config(0))
+    hint.on_job_start(job_config(1))
+    hint.on_job_end(job_config(0), JobReturn(status=JobStatus.COMPLETED))
+    hint.on_job_start(job_config(2))
     # 1.5 jobs done in 60 s (one finished, one half): 40 s a job, 4.5 jobs to go
     assert capsys.readouterr().err.splitlines() == [
         "job 1 of 6: seed=1",
@@ -134,14 +137,47 @@ def test_with_two_jobs_at_once_the_pace_counts_the_running_one_half_done(capsys,
     ]
 
 
-def test_the_report_command_names_the_recipes_paper_and_reference_cell():
-    from cli.train_output import sweep_hint
+def test_jobs_that_start_together_share_one_estimate(capsys, monkeypatch):
+    # Defect: with two jobs at a time, the two that started as the first two ended printed "about 8 min left" and
+    # "about 4 min left" at the same moment: each counted the other as done.
+    from cli import sweep_hint
+    from cli.sweep_hint import SweepHint
 
-    assert sweep_hint("multirun/s", "bhojanapalli", "model.n_head=8,model.d_k=null").splitlines() == [
+    hint = SweepHint()
+    start = {"sweep": {"dir": "multirun/x"}, "sweeper": {"params": {"seed": "1,2,3,4,5,6"}}, "overrides": {"task": []}}
+    clock = iter([100.0, 160.0, 220.0])
+    monkeypatch.setattr(sweep_hint.time, "perf_counter", lambda: next(clock))
+    hint.on_multirun_start(OmegaConf.create({"hydra": start}))
+    for num in (0, 1):
+        hint.on_job_start(job_config(num))
+    for num in (0, 1):  # both end within one poll of the launcher: the next two start together
+        hint.on_job_end(job_config(num), JobReturn(status=JobStatus.COMPLETED))
+    for num in (2, 3):
+        hint.on_job_start(job_config(num))
+    hint.on_job_end(job_config(2), JobReturn(status=JobStatus.COMPLETED))
+    hint.on_job_start(job_config(4))
+    # 2 jobs in 60 s: 4 to go at 30 s each; then 3 done and 1 half done in 120 s: 2.5 to go at 34 s each, 86 s
+    assert capsys.readouterr().err.splitlines() == [
+        "job 1 of 6: seed=1",
+        "job 2 of 6: seed=2",
+        "job 3 of 6: seed=3, about 2 min left",
+        "job 4 of 6: seed=4",
+        "job 5 of 6: seed=5, about 1 min left",
+    ]
+
+
+def test_the_report_command_names_the_recipes_paper_and_reference_cell_and_scores_on_full_val(monkeypatch):
+    # Defect: the closing line suggested the loop-val report, whose seed spread is 4.5 times the full val's
+    from cli import sweep_hint as hints
+
+    monkeypatch.setattr(hints, "python_command", lambda: "python")
+    assert hints.sweep_hint("multirun/s", "bhojanapalli", "model.n_head=8,model.d_k=null").splitlines() == [
         "sweep done: multirun/s",
         "  report: python scripts/ablation_report.py multirun/s --paper bhojanapalli"
-        " --reference model.n_head=8,model.d_k=null",
+        " --reference model.n_head=8,model.d_k=null --full-val",
     ]
+    assert hints.SweepHint().full_val  # a recipe that names no full_val gets the full-val report too
+    assert hints.sweep_hint("multirun/s", full_val=False).endswith("ablation_report.py multirun/s")
 
 
 def test_jobs_that_all_finish_within_one_poll_do_not_end_the_sweep_early(monkeypatch):
@@ -175,3 +211,19 @@ def test_jobs_that_all_finish_within_one_poll_do_not_end_the_sweep_early(monkeyp
     configs = iter(OmegaConf.create({"n": n}) for n in range(7))
     returns = sweep_jobs.run_jobs(configs, 2, 1, Callbacks(), lambda: None)
     assert started == list(range(7)) and ended == returns == list(range(7))
+
+
+def test_a_jobs_second_ctrl_c_ends_it_in_one_line_as_a_single_run_does(tmp_path, monkeypatch, capsys):
+    # Defect: a sweep job's process ran Hydra's run_job outside train.py's own handling, so a second Ctrl-C
+    # (KeyboardInterrupt, which run_job does not catch) ended it with a traceback relayed to the terminal
+    from cli import sweep_job
+
+    script = tmp_path / "train.py"
+    script.write_text("def start_process():\n    pass\n\n\ndef main(cfg):\n    raise KeyboardInterrupt\n")
+    monkeypatch.setattr(sweep_job, "run_job_file", lambda job_file, task: task(None))
+    monkeypatch.setattr(sys, "argv", ["cli/sweep_job.py", str(script), "seed=1"])
+    monkeypatch.setenv(sweep_job.JOB_FILE, str(tmp_path / "job.yaml"))
+    with pytest.raises(SystemExit) as ended:
+        sweep_job.main()
+    assert ended.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert sys.argv == [str(script), "seed=1"]  # the job's command line is the sweep's own
