@@ -121,7 +121,7 @@ RECIPES = {
         "optim.average_from=null",
     ],
     # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
-    "round2": ["+recipe=round2"],  # configs/recipe/round2.yaml, which the noise floor and the studies pin
+    "round2": ["+recipe=muon_rope_bpe"],  # configs/recipe/muon_rope_bpe.yaml, which the noise floor and the studies pin
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
     "adamw": [
         "optim=adamw",
@@ -135,7 +135,7 @@ RECIPES = {
     "batch_6": ["batch_size=6"],
     "relu2": ["model.activation=relu2"],
     "rope_qk_norm": ["model.pos_encoding=rope", "model.qk_norm=true"],  # now the default; the docs' commands name it
-    "learned_positions": ["model=small_learned"],  # GPT-2's positional layout, which exports
+    "learned_positions": ["model=plain"],  # the plain GPT: GPT-2's layout, which exports
     "tied": ["model.tie_embeddings=true", "optim.embedding_lr=null"],
     "fp32": ["precision=fp32"],  # what bf16 autocast buys where the CPU has it natively (AMX, AVX512-BF16)
     # The batch layout at the new step cost: more sequences a step, or longer ones at the same tokens a step.

@@ -93,7 +93,7 @@ PARALLEL = "hydra_plugins.attnlab_launcher.ParallelLauncher"
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_the_cpu_studies_run_two_jobs_at_a_time_on_one_thread_each(name):
     # iso_time must own the cores its budget was timed on, and a GPU-sized recipe's jobs would share one device.
-    cpu_study = name.endswith(("_cpu", "_default")) or name == "noise_floor"
+    cpu_study = name.endswith(("_cpu", "_default")) or name in ("noise_floor", "first_finding")
     launcher = hydra_node(name).launcher
     assert (launcher._target_ == PARALLEL) == cpu_study, launcher
     if cpu_study:

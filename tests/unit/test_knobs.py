@@ -393,10 +393,11 @@ def test_round_7s_default_is_round_9s_on_the_one_deterministic_segmentation():
     assert (round7.model, round7.optim, round7.batch_size) == (round9.model, round9.optim, round9.batch_size)
 
 
-def test_round_2s_default_is_spelled_once_and_is_what_the_noise_floor_trains():
+def test_the_muon_rope_bpe_stack_is_spelled_once_and_is_what_the_noise_floor_trains():
     from bench.bench_quality import RECIPES
 
-    # configs/recipe/round2.yaml: what rounds 3-8 changed, undone; bench_quality's round2 recipe is the same file
+    # configs/recipe/muon_rope_bpe.yaml: the plain GPT with RoPE + QK-norm, Muon + WSD and the learned BPE;
+    # bench_quality's round2 recipe is the same file
     round2, default = compose_config(RECIPES["round2"]), compose_config([])
     m, o = round2.model, round2.optim
     assert round2.data.bpe_dropout == 0.0
