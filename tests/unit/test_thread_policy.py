@@ -172,3 +172,31 @@ def test_a_sweep_gives_each_job_its_share_unless_told(monkeypatch):
     assert (job.threads, job.env["OMP_NUM_THREADS"]) == (1, "1")
     assert str(job).startswith("threads 1 (a share of 2 cores, 2 jobs at once), waits spin")
     assert choose({**sharing(launcher, None, 2), "OMP_NUM_THREADS": "2"}, 2).threads_why == "OMP_NUM_THREADS=2 (yours)"
+
+
+def test_sample_says_what_was_chosen_on_stderr_with_verbose_and_nothing_without(tmp_path, capsys):
+    from scripts import sample
+    from tests.unit.test_lab import tiny_checkpoint
+
+    checkpoint = str(tiny_checkpoint(tmp_path / "tiny.safetensors"))
+    args = [checkpoint, "ab", "--max-new-tokens", "2", "--device", "cpu", "--seed", "0"]
+    sample.main(args)
+    assert capsys.readouterr().err == ""
+    sample.main([*args, "--verbose"])
+    out, err = capsys.readouterr()
+    assert out.startswith("ab")
+    (line,) = err.splitlines()  # once
+    assert line.startswith(f"threads: {threads.POLICY}")  # the count and the wait, then the load found at start
+
+
+def test_the_lab_says_what_was_chosen_as_it_starts(tmp_path):
+    from tests.unit.test_lab import start_lab, tiny_checkpoint
+
+    lab = start_lab(str(tiny_checkpoint(tmp_path / "tiny.safetensors")), "--device", "cpu")
+    try:
+        assert lab.stdout is not None
+        assert lab.stdout.readline().startswith("attnlab lab: ")
+        assert lab.stdout.readline().startswith("threads: threads ")
+    finally:
+        lab.kill()
+        lab.wait()
