@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+import training.threads  # noqa: F401  (before torch: OpenMP reads its wait policy once)
 from cli.errors import LAUNCHER_PID, die_with, exit_quietly_on_ctrl_c, exit_with_error, stop_outside_the_loop
 
 with exit_quietly_on_ctrl_c():  # torch and Hydra take seconds to import

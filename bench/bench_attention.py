@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its wait policy once)
 import torch
 import torch.nn.functional as F
 

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its wait policy once)
 import torch
 
 from bench.bench_train import load_config

@@ -3,6 +3,7 @@
     python bench/bench_train.py                       # the default model and data
     python bench/bench_train.py --no-compile --steps 5
     python bench/bench_train.py -- model.n_head=8     # Hydra overrides after `--`
+    python bench/bench_train.py --beside 1 4          # eager, beside 1 then 4 CPU-bound competitors it starts
 
 Table 1: tokens/s, MFU (against this machine's measured matmul peak for the row's dtype) and
 peak memory for explicit vs sdpa vs auto attention x fp32 vs bf16 x eager vs torch.compile, plus
@@ -13,6 +14,8 @@ performance targets are stated in: the default config's attention and precision 
 eager, over fp32 explicit eager and over HF in bf16. Eager, though the default run compiles
 (configs/config.yaml, compile: true): the compiled rows are in the table.
 Table 2: memory of one forward+backward vs block_size for explicit vs sdpa attention.
+--beside K [K ...] prints neither: the default config stepped eager, its tokens/s beside K competitors as a
+fraction of the fair share, and the thread policy's cost alone, in --pairs interleaved pairs (bench/beside.py).
 Speeds are medians over the timed steps; ratios are against the fp32 / explicit / eager row of the
 same run. The eager rows (ours and HF's) are built in one process and stepped in turn, because on
 a shared machine the spread between processes is larger than the gaps between rows. Compiled rows
@@ -37,10 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its wait policy once)
 import torch
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from bench import beside
 from cli.config import compose_configs, composition_error, to_train_config
 from cli.schema_help import OneLineParser, at_least
 from data.batches import sample_batch
@@ -50,6 +55,7 @@ from interop.hf_model import in_gpt2_layout, to_hf_config
 from model import GPT
 from rundir.files import SUMMARY
 from rundir.records import mfu
+from training import threads
 from training.config import TrainConfig
 from training.runtime import cpu_supports_bf16, device_name, peak_flops, resolve_device
 from training.setup import train
@@ -326,6 +332,30 @@ def memory_table(args: argparse.Namespace) -> None:
         print(f"{T:>10}{row['explicit']:>10,.0f}{row['sdpa']:>10,.0f}{row['explicit'] / row['sdpa']:>8.1f}", flush=True)
 
 
+def beside_table(args: argparse.Namespace, device: torch.device) -> None:
+    """The default config (or the overrides') stepped eager beside K competitors and alone, each thread policy in
+    a worker process of its own (bench/beside.py)."""
+    job = {"precision": "auto", "compile": False, "overrides": args.overrides, "steps": args.steps}
+    job["warmup"] = args.warmup
+    prepare(load_config(args.overrides).data, progress=False)  # once, here: the two workers then only read it
+    peaks = {p: peak_flops(device, p, remeasure=True) for p in args.dtypes}  # fresh, before any competitor
+    cores = threads.usable_cores()
+    envs = {policy: beside.policy_env(policy, dict(os.environ), args.spin) for policy in beside.POLICIES}
+    ours = threads.choose(envs["attnlab"], cores, threads.openmp_runtime())
+    measured = ", ".join(f"{p} {peak / 1e12:.3f} TFLOP/s" for p, peak in peaks.items())
+    print(f"CPU: {beside.cpu_model()} ({cores} cores this process may use); measured matmul peak: {measured}")
+    print(f"attnlab's thread policy: {ours}; torch's: its OpenMP defaults")
+    print(f"eager steps of {' '.join(args.overrides) or 'the default config'}, {args.steps} timed a measurement")
+    with beside.workers([sys.executable, __file__, "--serve", json.dumps(job)], envs) as running:
+        beside.report(lambda policy: running[policy].measure(), args.beside, args.pairs, cores)
+
+
+def serve(job: dict) -> None:
+    """--serve: a worker of beside_table, stepping one row on request (bench/beside.py's Worker)."""
+    step, _, info = prepare_row(job)
+    beside.serve(step, info["tokens_per_step"], job["warmup"], job["steps"])
+
+
 def main() -> None:
     # Bad values are one `error:` line here, before any row is built (a worker's failure is a traceback).
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -335,7 +365,11 @@ def main() -> None:
     parser.add_argument("--memory-sizes", type=at_least(1), nargs="*", default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--memory-precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--dtypes", nargs="*", choices=("fp32", "bf16"), help="default: bf16 too where it is native")
+    parser.add_argument("--beside", type=at_least(1), nargs="+", metavar="K", help="beside K competitors (above)")
+    parser.add_argument("--pairs", type=at_least(5), default=5, help="--beside: interleaved pairs per setting")
+    parser.add_argument("--spin", type=at_least(0), help="--beside: GOMP_SPINCOUNT for attnlab's side (a trial)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     args = parser.parse_args()
     if args.worker:
@@ -344,6 +378,9 @@ def main() -> None:
             print(json.dumps(measure_interleaved(payload)))
         else:
             print(json.dumps(loop_overhead(payload) if payload.get("loop_steps") else measure(payload)))
+        return
+    if args.serve:
+        serve(json.loads(args.serve))
         return
     try:
         device = resolve_device(load_config(args.overrides).device)
@@ -355,6 +392,14 @@ def main() -> None:
     )
     chosen = bool(args.dtypes)  # the note below explains only the machine's choice, not the user's
     args.dtypes = args.dtypes or (["fp32", "bf16"] if device.type == "cuda" or cpu_supports_bf16() else ["fp32"])
+    if args.beside:
+        if device.type != "cpu":
+            parser.error(f"--beside measures CPU threads beside CPU-bound work; device={device.type} is not the CPU")
+        try:
+            beside_table(args, device)
+        except KeyboardInterrupt:  # its workers and competitors are stopped on the way out
+            sys.exit(130)
+        return
     peaks = {p: peak_flops(device, p, remeasure=True) for p in args.dtypes}  # fresh, in this run
     print("matmul peak: " + ", ".join(f"{p} {peak / 1e12:.3f} TFLOP/s" for p, peak in peaks.items()))
     if "bf16" not in args.dtypes and not chosen:

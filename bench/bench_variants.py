@@ -25,6 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its wait policy once)
 import torch
 
 from cli.schema_help import OneLineParser, at_least

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its wait policy once)
 import torch
 from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile

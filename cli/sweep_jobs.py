@@ -1,7 +1,8 @@
-"""A sweep's jobs several at a time, each in a process of its own with one torch thread (the `parallel`
-launcher, hydra_plugins/attnlab_launcher.py, calls `run_jobs`). On a 2-core CPU two one-thread jobs finish
-a study sooner than one two-thread job after another: a small model's step gains well under 2x from a second
-thread, and one job's start-up, evaluations and saves leave the cores idle that the other job then uses.
+"""A sweep's jobs several at a time, each in a process of its own with its share of the cores as torch threads,
+one each on two cores (the `parallel` launcher, hydra_plugins/attnlab_launcher.py, calls `run_jobs`). On a
+2-core CPU two one-thread jobs finish a study sooner than one two-thread job after another: a small model's
+step gains well under 2x from a second thread, and one job's start-up, evaluations and saves leave the cores
+idle that the other job then uses.
 
 The launcher composes each job's config as Hydra's basic launcher does and writes it as YAML into a private
 folder (never a pickle: a job reads it with OmegaConf, and train.py types it against the schema again);
@@ -37,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from cli.errors import LAUNCHER_PID
 from cli.sweep_job import JOB_FILE
 from data.text_file import read_json_object
+from training.threads import sharing
 
 ROOT = Path(__file__).resolve().parents[1]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -62,7 +64,7 @@ def jobs_at_a_time(jobs: int | None) -> int:
     return min(2, cores)
 
 
-def check_launcher_values(jobs: int | None, threads: int) -> None:
+def check_launcher_values(jobs: int | None, threads: int | None) -> None:
     """A HydraException, as for any config Hydra cannot use: it is said in one line before any job starts."""
     for name, value in (("jobs", jobs), ("threads", threads)):
         if value is not None and value < 1:
@@ -89,12 +91,14 @@ class Job:
 
 
 def run_jobs(
-    configs: Iterator[DictConfig], at_a_time: int, threads: int, callbacks: Any, task_function: Callable
+    configs: Iterator[DictConfig], at_a_time: int, threads: int | None, callbacks: Any, task_function: Callable
 ) -> list[JobReturn]:
-    """Run every job, `at_a_time` at once with `threads` torch threads each; their returns in job order. A stop
+    """Run every job, `at_a_time` at once with `threads` torch threads each (None: a share of the cores, or the
+    user's OMP_NUM_THREADS; training/threads.py's `sharing`); their returns in job order. A stop
     signal is passed on to the running jobs, no job starts after it, and the sweep exits 128 + signal. The
     sweep's callbacks run here, as Hydra's launchers call them (`task_function` is only theirs to see)."""
     folder = Path(tempfile.mkdtemp(prefix="attnlab-sweep-"))  # mode 0700: only this user reads the job files
+    environ = sharing(dict(os.environ), threads, at_a_time)
     running: list[Job] = []
     returns: list[JobReturn] = []
     exhausted = False  # every job has been started
@@ -106,7 +110,7 @@ def run_jobs(
                         exhausted = True
                         break
                     callbacks.on_job_start(config=config, task_function=task_function)  # `job i of N`
-                    running.append(start_job(config, folder, threads))
+                    running.append(start_job(config, folder, environ))
                 pass_on(stops.signals, running)
                 for job in [job for job in running if job.process.poll() is not None]:
                     running.remove(job)
@@ -158,14 +162,14 @@ def pass_on(signals: list[int], running: list[Job]) -> None:
             job.signals_sent += 1
 
 
-def start_job(config: DictConfig, folder: Path, threads: int) -> Job:
+def start_job(config: DictConfig, folder: Path, environ: dict[str, str]) -> Job:
     """The job's process: the sweep's own command line (what its run lock and continue commands show), told
-    by ATTNLAB_SWEEP_JOB to run this one composed config, with `threads` OpenMP (torch) threads."""
+    by ATTNLAB_SWEEP_JOB to run this one composed config, in `environ` (run_jobs': its share of the threads)."""
     job_file = folder / f"job_{config.hydra.job.num}.yaml"
     with open_dict(config):  # the sweep's folder as this process resolved ${now:}, not the job's own clock
         config.hydra.sweep.dir = str(config.hydra.sweep.dir)
     OmegaConf.save(config, job_file)
-    env = {**os.environ, JOB_FILE: str(job_file), LAUNCHER_PID: str(os.getpid()), "OMP_NUM_THREADS": str(threads)}
+    env = {**environ, JOB_FILE: str(job_file), LAUNCHER_PID: str(os.getpid())}
     # -P: the job's modules come from this checkout (PYTHONPATH), never from a cli/ in the folder it runs in
     env["PYTHONUNBUFFERED"], env["PYTHONPATH"] = "1", os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     process = subprocess.Popen(

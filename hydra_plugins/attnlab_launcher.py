@@ -1,5 +1,6 @@
 """attnlab's Hydra launcher `parallel`: a sweep's jobs N at a time (default two), each in its own process with
-one torch thread; the study recipes choose it (`override /hydra/launcher: parallel`), and any sweep can:
+its share of the cores as torch threads (one each on two cores, unless OMP_NUM_THREADS or threads says); the
+study recipes choose it (`override /hydra/launcher: parallel`), and any sweep can:
 
     python train.py -m hydra/launcher=parallel [hydra.launcher.jobs=2] [hydra.launcher.threads=1] seed=1,2,3
 
@@ -22,14 +23,15 @@ from omegaconf import DictConfig, open_dict
 class ParallelLauncherConf:
     _target_: str = "hydra_plugins.attnlab_launcher.ParallelLauncher"
     jobs: int | None = None  # jobs at a time; null: two, or one where this process may use a single core
-    threads: int = 1  # torch (OpenMP) threads each job computes with
+    # torch (OpenMP) threads each job computes with; null: your OMP_NUM_THREADS, else the cores // jobs at once
+    threads: int | None = None
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="parallel", node=ParallelLauncherConf, provider="attnlab")
 
 
 class ParallelLauncher(Launcher):
-    def __init__(self, jobs: int | None = None, threads: int = 1) -> None:
+    def __init__(self, jobs: int | None = None, threads: int | None = None) -> None:
         self.jobs, self.threads = jobs, threads
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None

@@ -17,6 +17,7 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a file (python scripts/lab.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import training.threads  # isort: skip  (before torch: OpenMP reads its wait policy once)
 from cli.errors import exit_with_error
 from cli.schema_help import OneLineParser, at_least, check_device_option
 from generation.generate import MAX_THREADS_PER_CORE, max_threads
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     print(f"attnlab lab: {session.checkpoint} at {url_of(server)}  (Ctrl-C to stop)", flush=True)
+    if session.device.type == "cpu":  # how its CPU threads wait, as a run's header says
+        print(f"threads: {training.threads.summary()}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -31,6 +31,7 @@ from typing import TextIO
 if __package__ in (None, ""):  # run as a file (python scripts/sample.py): make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import training.threads  # isort: skip  (before torch: OpenMP reads its wait policy once)
 from cli.errors import exit_quietly_on_ctrl_c, exit_with_error, replace_unencodable
 
 with exit_quietly_on_ctrl_c():  # torch takes seconds to import
@@ -227,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     replace_unencodable(sys.stdout)
     if note := prompt_slot_note(sys.argv[1:] if argv is None else argv, cfg):
         print(note, file=sys.stderr, flush=True)
+    if cfg.verbose:
+        print(f"threads: {training.threads.summary()}", file=sys.stderr, flush=True)
     try:
         if cfg.interactive:
             repl(Sampler(cfg), cfg, sys.stdin, sys.stdout, sys.stderr)

@@ -43,6 +43,7 @@ class SampleConfig:
     # torch CPU threads; none = 1 for a small model (its decode steps are too small to split, and spare
     # threads spin when the CPU is busy), else torch's default; an OMP_NUM_THREADS you set is kept
     threads: int | None = None
+    verbose: bool = False  # say on stderr how torch's CPU threads were chosen (their count and how they wait)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def validate(self) -> None:

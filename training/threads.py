@@ -33,16 +33,21 @@ OURS = (
     "ATTNLAB_THREADS_SET"  # "NAME=value,NAME=value": what this module set (a child's inherited copy is not the user's)
 )
 OFF = "ATTNLAB_THREAD_POLICY"  # "off": torch's defaults, untouched
+SHARED = "ATTNLAB_THREADS_SHARED"  # "N:why": a launcher's count for a process that shares the cores with others
 
 
 def user_set(name: str, environ: dict[str, str]) -> str | None:
     """The value of `name` if the user (or a launcher) set it, None if unset or set by this module."""
     value = environ.get(name)
-    ours = dict(pair.split("=", 1) for pair in environ.get(OURS, "").split(",") if "=" in pair)
-    return None if value is None or ours.get(name) == value else value
+    return None if value is None or set_here(environ).get(name) == value else value
 
 
-def usable_cores(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+def set_here(environ: dict[str, str]) -> dict[str, str]:
+    """The variables this module set, as ATTNLAB_THREADS_SET lists them."""
+    return dict(pair.split("=", 1) for pair in environ.get(OURS, "").split(",") if "=" in pair)
+
+
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs this process may run on: its affinity mask, lowered to the cgroup's CPU quota (a container's)."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -96,6 +101,10 @@ def choose(environ: dict[str, str], cores: int, runtime: str = "gomp") -> Thread
         wait = f"waits spin {BOUNDED_SPIN} then sleep"
     if (count := user_set("OMP_NUM_THREADS", environ)) is not None:
         return ThreadPolicy(None, f"OMP_NUM_THREADS={count} (yours)", wait, env)
+    if SHARED in environ:  # a launcher's share of the cores (a sweep's job)
+        shared, why = environ[SHARED].split(":", 1)
+        env["OMP_NUM_THREADS"] = shared
+        return ThreadPolicy(int(shared), f"{shared} ({why})", wait, env)
     if cores < (os.cpu_count() or cores):  # a quota or mask torch's default would not see
         env["OMP_NUM_THREADS"] = str(cores)
         return ThreadPolicy(cores, f"{cores} (the cores this process may use)", wait, env)
@@ -110,6 +119,26 @@ def apply(environ: dict[str, str] | None = None) -> ThreadPolicy:
     if policy.env:
         environ[OURS] = ",".join(f"{k}={v}" for k, v in policy.env.items())
     return policy
+
+
+def without_policy(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` less the variables this module set: a child process given it chooses afresh."""
+    ours = set_here(environ)
+    return {k: v for k, v in environ.items() if k != OURS and ours.get(k) != v}
+
+
+def sharing(environ: dict[str, str], count: int | None, at_once: int) -> dict[str, str]:
+    """The environment of one of `at_once` processes a launcher runs together (a sweep's jobs): this process's
+    choice taken out, so each chooses afresh, with `count` threads (the user's) or else its share of the cores,
+    one each where they share them. A user's OMP_NUM_THREADS stays and wins in the child, as everywhere."""
+    env = without_policy(environ)
+    env.pop(SHARED, None)
+    if count is not None:
+        env["OMP_NUM_THREADS"] = str(count)  # the user's setting (hydra.launcher.threads): theirs in the child
+    elif user_set("OMP_NUM_THREADS", environ) is None:
+        cores = usable_cores()
+        env[SHARED] = f"{max(1, cores // at_once)}:a share of {cores} cores, {at_once} jobs at once"
+    return env
 
 
 class CpuLoad:

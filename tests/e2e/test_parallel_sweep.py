@@ -16,6 +16,7 @@ import pytest
 
 from rundir.files import live_run_in
 from scripts.ablation_report import write_report
+from training.threads import usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,7 @@ def test_two_jobs_train_at_once_on_one_thread_each_into_a_sweep_the_report_reads
     # Each job trains 3 s of wall-clock (budget_s), so one run after the other could not overlap.
     long = ["max_steps=100000", "budget_s=3", "eval_interval=100000", "log_interval=100000", "seed=0,1"]
     env = {**os.environ, "ATTNLAB_CACHE": str(peak_cache)}  # a fresh cache: only these jobs write its peak key
+    env.pop("OMP_NUM_THREADS", None)  # pytest-xdist's: unset, the launcher gives each job its share of the cores
     env["PYTHONPATH"] = f"{ROOT / 'tests/e2e/no_pickle'}{os.pathsep}{ROOT}"  # a job that unpickles anything fails
     done = subprocess.run(
         sweep_command(tiny_run_overrides, sweep, *long), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
@@ -54,11 +56,17 @@ def test_two_jobs_train_at_once_on_one_thread_each_into_a_sweep_the_report_reads
     started = [(job / ".hydra" / "config.yaml").stat().st_mtime for job in jobs]
     ended = [(job / "summary.json").stat().st_mtime for job in jobs]
     assert max(started) < min(ended), (started, ended)
-    # The matmul peak each job measured for its MFU is keyed by the torch threads it computed with.
+    # The matmul peak each job measured for its MFU is keyed by the torch threads it computed with: its share.
+    cores = usable_cores()
+    share = max(1, cores // 2)  # one each on two cores
     keys = list(json.loads((peak_cache / "peak_flops.json").read_text()))
-    assert keys and all("|threads=1|" in key for key in keys), keys
+    assert keys and all(f"|threads={share}|" in key for key in keys), keys
 
     lines = done.stderr.splitlines()
+    headers = [line for line in lines if "tokens/step" in line]  # each job's run header says what it chose
+    assert len(headers) == 2 and all(
+        f"threads {share} (a share of {cores} cores, 2 jobs at once)" in h for h in headers
+    )
     assert [re.sub(r":.*", "", line) for line in lines if line.startswith("job ")] == ["job 1 of 2", "job 2 of 2"]
     assert f"[job 1] run directory {sweep / '0'} (full config: config.yaml)" in lines
     assert f"[job 2] run directory {sweep / '1'} (full config: config.yaml)" in lines
