@@ -22,6 +22,19 @@ from a 16-token prompt to its block_size, again and again for --seconds, with to
 and with the count generation.generate.decode_threads picks for it (as if OMP_NUM_THREADS were unset);
 first on a quiet CPU, then beside a competing process that multiplies matrices on every core until it is
 killed. tokens/s = new tokens / wall time.
+
+--long: one long greedy sample (default 10,000 tokens from a 16-token prompt) from the default run's model
+(configs/, composed as train.py does, plus any Hydra overrides after --long's flags; random weights, or the
+trained weights of --checkpoint), with the threads generation.generate.decode_threads picks. It reports the
+tokens/s of the first --first tokens (default 2,000; prefill included), of the last --first, and of the whole
+sample, and whole / first (the rolling cache's target: >= 0.8), and whether the cache rolls (`rolls`). Past
+the context (block_size 4,096 for the default) a model whose layers reach only their windows keeps the cost
+of a token constant; elsewhere each further token re-reads the whole window. Random and trained weights do
+the same work per token: greedy decoding runs every step whatever the tokens are.
+
+    python bench/bench_generate.py --long                          # the default model, random weights
+    python bench/bench_generate.py --long --checkpoint outputs/latest   # a trained run's weights
+    python bench/bench_generate.py --long --tokens 20000 --first 4000
 """
 
 import argparse
@@ -41,7 +54,7 @@ import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP read
 import torch
 
 from cli.schema_help import OneLineParser, at_least
-from generation.generate import SamplingParams, decode_threads, generate, torch_threads
+from generation.generate import SamplingParams, decode_threads, generate, rolls, stream_tokens, torch_threads
 from model import GPT, GPTConfig
 from training.runtime import device_name
 
@@ -172,6 +185,55 @@ def contention(seconds: float) -> None:
     )
 
 
+def long_model(checkpoint: str | None, overrides: list[str]) -> tuple[GPT, str]:
+    """The default run's model with random weights (configs/ and `overrides`), or a checkpoint's; and which."""
+    if checkpoint is not None:
+        from analysis.trained import load_model
+        from rundir.checkpoints import find_checkpoint
+
+        path = find_checkpoint(checkpoint)
+        return load_model(path)[0], f"trained weights of {path}"
+    from bench.bench_train import load_config  # Hydra: only this mode needs it
+
+    cfg = load_config(overrides)
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or cfg.data.bpe_vocab_size)
+    torch.manual_seed(0)
+    return GPT(model_cfg).eval(), "random weights (seed 0)"
+
+
+def token_times(model: GPT, tokens: int) -> list[float]:
+    """Seconds from the call to each of `tokens` greedy tokens from a 16-token prompt (prefill included)."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(tokens, temperature=0, top_k=None, seed=None)
+    times, start = [], time.perf_counter()
+    for _ in stream_tokens(model, prompt, params):
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def long_sample(tokens: int, first: int, checkpoint: str | None, overrides: list[str]) -> None:
+    """Tokens/s of the first `first` tokens of one `tokens`-token sample, of its last `first`, and of the whole."""
+    model, weights = long_model(checkpoint, overrides)
+    context = model.config.block_size
+    threads = decode_threads(model)
+    rolling = rolls(model, context, pointer=False)
+    print(
+        f"attnlab bench_generate --long: {time.strftime('%Y-%m-%d')}, {device_name(torch.device('cpu'))}; model: "
+        f"{model.num_params() / 1e6:.1f}M params, block_size {context}, {weights}, fp32, "
+        f"{threads or torch.get_num_threads()} threads, torch {torch.__version__}; cache rolls: {rolling}"
+    )
+    with torch_threads(threads):
+        generate(model, torch.zeros(1, 1, dtype=torch.long), SamplingParams(8, temperature=0, seed=None))  # warm-up
+        times = token_times(model, tokens)
+    first_rate = first / times[first - 1]
+    last_rate = first / (times[-1] - times[-first - 1]) if tokens > first else first_rate
+    whole_rate = tokens / times[-1]
+    print(f"first {first:,} tokens: {first_rate:.1f} tokens/s")
+    print(f"last {first:,} tokens: {last_rate:.1f} tokens/s")
+    print(f"whole {tokens:,} tokens: {whole_rate:.1f} tokens/s ({times[-1]:.1f} s)")
+    print(f"whole / first: {whole_rate / first_rate:.2f}x (target >= 0.8)")
+
+
 def main() -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -186,11 +248,26 @@ def main() -> None:
     parser.add_argument(
         "--seconds", type=at_least(1), default=5, help="--contention: seconds per measurement (--quick: 0.2)"
     )
+    parser.add_argument("--long", action="store_true", help="one long sample from the default model: tokens/s")
+    parser.add_argument("--tokens", type=at_least(2), default=10_000, help="--long: tokens in the sample")
+    parser.add_argument("--first", type=at_least(1), default=2_000, help="--long: the first tokens' count")
+    parser.add_argument("--checkpoint", help="--long: a run or checkpoint file whose trained weights sample")
+    parser.add_argument("overrides", nargs="*", help="--long: Hydra overrides of the default model (random weights)")
     args = parser.parse_args()
+    if args.overrides and not args.long:
+        parser.error(f"unrecognized arguments: {' '.join(args.overrides)} (Hydra overrides go with --long)")
+    if args.long and args.first >= args.tokens:
+        parser.error(f"argument --first: {args.first} is invalid; it must be below --tokens ({args.tokens})")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.contention:
         contention(0.2 if args.quick else args.seconds)
+        return
+    if args.long:
+        try:
+            long_sample(args.tokens, args.first, args.checkpoint, args.overrides)
+        except (ValueError, FileNotFoundError) as e:
+            parser.error(str(e))
         return
 
     model, hf = make_model(args.vocab), make_hf_model(args.vocab)

@@ -50,17 +50,19 @@ def learn_spec(texts: Iterable[str], vocab_size: int, show_progress: bool = Fals
 
 
 def evenly(pieces: Iterable[str], total_bytes: int, budget: int = BPE_SAMPLE_BYTES) -> Iterator[str]:
-    """The pieces of a text of `total_bytes`, all if it fits in `budget`, else about `budget` bytes of them
-    taken at an even stride (a piece is kept when it crosses the next multiple of total / budget)."""
+    """The pieces of a text of `total_bytes`, all if it fits in `budget`, else about `budget` bytes of them spread
+    evenly: a piece is kept while the bytes kept so far fall short of budget / total of the bytes seen with it (at
+    most one piece over the budget; the first piece is always kept)."""
     if total_bytes <= budget:
         yield from pieces
         return
-    seen = 0
+    seen = kept = 0
     for piece in pieces:
         size = len(piece.encode("utf-8"))
-        if (seen + size) * budget // total_bytes > seen * budget // total_bytes:
-            yield piece
         seen += size
+        if kept * total_bytes < seen * budget:
+            yield piece
+            kept += size
 
 
 def learn_in_child(

@@ -153,7 +153,12 @@ def _tokenizer(
     if cfg.tokenizer == "char":
         with tqdm(total=total, desc="reading characters", unit="B", unit_scale=True, disable=not progress) as bar:
             return build_tokenizer("char", _counted(texts, bar.update), cache_dir)
-    sample = evenly(texts, total)
+    sample = evenly(texts, total, BPE_SAMPLE_BYTES)
+    bound, size = f"{BPE_SAMPLE_BYTES:,}", f"{total:,}"
+    if total <= BPE_SAMPLE_BYTES:  # the bound: data/learn_bpe.py says why and what it costs
+        log.info("learning the BPE from all %s bytes of train text (the sample's bound: %s bytes)", size, bound)
+    else:
+        log.info("learning the BPE from about %s of the %s bytes of train text, in pieces spread evenly", bound, size)
     bar = tqdm(total=min(total, BPE_SAMPLE_BYTES), desc="learning BPE", unit="B", unit_scale=True, disable=not progress)
     with bar:
         return BPETokenizer(learn_in_child(sample, cfg.bpe_vocab_size, progress, bar.update))

@@ -1,12 +1,14 @@
 """Writing a split corpus as flat token files: train.bin and val.bin, each the concatenation of its
 segments' token ids, each segment followed by the EOT id.
 
-Text is tokenized in batches of about ENCODE_BATCH_BYTES: the learned BPE's `encode_batch` spreads a batch
-over every core, and the batch is small enough that Ctrl-C, which Python sees only between batches,
+Text is tokenized in batches of about ENCODE_BATCH_BYTES, or more on a machine whose cores it would not keep
+busy (`encode_batch_bytes`: at least two pieces a core): the learned BPE's `encode_batch` spreads a batch's
+pieces over every core, and the batch is small enough that Ctrl-C, which Python sees only between batches,
 lands within a second or two. With BPE-dropout, train.bin holds `copies` random segmentations of each
 chunk of train segments (up to CHUNK_DOCUMENTS segments and CHUNK_BYTES bytes), one after another.
 """
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -14,7 +16,7 @@ from typing import BinaryIO
 import numpy as np
 
 from data.bpe_dropout import BPEDropout
-from data.documents import DatasetDocuments, Documents, pieces
+from data.documents import PIECE_CHARS, DatasetDocuments, Documents, pieces
 from data.split import Segment
 from data.tokenizer import Tokenizer
 
@@ -22,6 +24,12 @@ SPLITS = ("train", "val")
 CHUNK_DOCUMENTS = 1024
 CHUNK_BYTES = 64 << 20
 ENCODE_BATCH_BYTES = 1 << 20
+
+
+def encode_batch_bytes() -> int:
+    """Bytes of text a batch takes: ENCODE_BATCH_BYTES, or two pieces (PIECE_CHARS) for each core if that is more."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(ENCODE_BATCH_BYTES, 2 * cores * PIECE_CHARS)
 
 
 def write_splits(
@@ -81,12 +89,12 @@ def _write_tokens(
 ) -> Iterator[tuple[int, int]]:
     """(tokens, bytes) written per batch."""
     batch: list[tuple[str, bool]] = []
-    size = 0
+    size, limit = 0, encode_batch_bytes()
     for segment in segments:
         for text, last in _pieces(docs, segment):
             batch.append((text, last))
             size += len(text.encode("utf-8"))
-            if size >= ENCODE_BATCH_BYTES:
+            if size >= limit:
                 yield _write_batch(f, tokenizer, batch, dtype), size
                 batch, size = [], 0
     if batch:

@@ -186,6 +186,65 @@ def test_bench_generate_refuses_a_bad_value_in_one_line_before_building_anything
     assert done.returncode == 2 and done.stderr.splitlines() == [message] and done.stdout == ""
 
 
+LONG_ROWS = r"(first|last|whole) ([\d,]+) tokens: ([\d.]+) tokens/s"
+
+
+def long_sample(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "bench/bench_generate.py", "--long", "--tokens", "120", "--first", "30", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_bench_generate_long_reports_the_first_tokens_the_last_and_the_whole_sample_and_their_ratio():
+    # The measurement: past the context each token re-read the whole window (0.56 tokens/s after 4,096).
+    # A tiny model whose layers reach 8 and 12 tokens rolls its 32-token cache; 120 tokens run far past it.
+    done = long_sample("+debug=tiny", "model.window_size=8", "model.long_window_size=12")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("attnlab bench_generate --long: ") and "block_size 32, random weights" in lines[0]
+    assert lines[0].endswith("cache rolls: True")
+    rows = [re.match(LONG_ROWS, line) for line in lines[1:4]]
+    assert [(m[1], m[2]) for m in rows] == [("first", "30"), ("last", "30"), ("whole", "120")]
+    rate = {m[1]: float(m[3]) for m in rows}
+    assert all(r > 0 for r in rate.values())
+    ratio = float(re.fullmatch(r"whole / first: ([\d.]+)x \(target >= 0\.8\)", lines[4])[1])
+    assert ratio == pytest.approx(rate["whole"] / rate["first"], abs=0.02)
+
+
+def test_bench_generate_long_samples_a_trained_checkpoint_and_says_whose_weights(tiny_run_overrides):
+    from cli.config import to_train_config
+    from tests.helpers import compose_config
+    from training.setup import train
+
+    cfg = to_train_config(compose_config([*tiny_run_overrides, "max_steps=2", "sample_tokens=0"]))
+    train(cfg)
+    done = long_sample("--checkpoint", cfg.out_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = done.stdout.splitlines()[0]
+    assert f"trained weights of {Path(cfg.out_dir) / 'checkpoints'}" in first and "cache rolls: False" in first
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tokens", "30", "--first", "30"], "error: argument --first: 30 is invalid; it must be below --tokens (30)"),
+        (["model.nope=1"], "error: unknown config key model.nope; `python train.py --help` lists every key"),
+        (["--checkpoint", "missing"], "error: 'missing' does not exist; give a checkpoint file or a run directory"),
+    ],
+)
+def test_bench_generate_long_refuses_a_bad_value_in_one_line(args, message):
+    done = subprocess.run(
+        [sys.executable, "bench/bench_generate.py", "--long", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.splitlines() == [message + " (see --help)"] and done.stdout == ""
+
+
+def test_bench_generate_takes_hydra_overrides_only_with_long():
+    done = subprocess.run(
+        [sys.executable, "bench/bench_generate.py", "model.d_model=64"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "Hydra overrides go with --long" in done.stderr
+
+
 def test_bench_generate_contention_prints_both_thread_counts_quiet_and_beside_a_busy_job():
     # The measurement (#34): 2 cores beside another job, 10 tokens/s with 2 threads, 132 with 1
     done = subprocess.run(
