@@ -263,6 +263,8 @@ def print_baselines(result: dict) -> None:
     for r in result["rows"]:
         floor = "  <- the floor" if r is best else ""
         print(f"  {r['compressor']:<18}{r['bits_per_byte']:>8.4f} bits/byte{r['seconds']:>7.0f} s{floor}", flush=True)
+    for name, why in result.get("not_measured", {}).items():
+        print(f"  {name:<18}skipped: {why}", flush=True)
 
 
 def print_table(rows: list[dict], reference: str) -> None:
