@@ -11,7 +11,7 @@ data, training, the last evaluation and save) fits the budget; the process's wal
 from outside; a recipe that compiles (the default does) compiles from an empty cache, as a first run
 does, inside budget_s. The score is the best checkpoint's mean loss over non-overlapping windows covering the
 whole val split (training/evaluate.py split_loss), in nats per token and bits per UTF-8 byte, so
-char and BPE models compare, and beside it the classical floor: the best of PPMd, xz, bzip2 and zstd
+char and BPE models compare, and beside it the classical floor: the best of PPMd, xz, bzip2, zstd and zpaq -m5
 primed with the train text and charged for the same val bytes (bench/classical.py; `--classical` prints
 them all, no model). Recipes run one after another on the whole machine unless --jobs says otherwise
 (then each run gets its share of the cores, alike for every recipe).
@@ -263,6 +263,8 @@ def print_baselines(result: dict) -> None:
     for r in result["rows"]:
         floor = "  <- the floor" if r is best else ""
         print(f"  {r['compressor']:<18}{r['bits_per_byte']:>8.4f} bits/byte{r['seconds']:>7.0f} s{floor}", flush=True)
+    for name, why in result.get("not_measured", {}).items():
+        print(f"  {name:<18}skipped: {why}", flush=True)
 
 
 def print_table(rows: list[dict], reference: str) -> None:

@@ -7,7 +7,10 @@ so a compressor, like the model, has seen the train split and no other val docum
 split's own (data/prepare.py's split rule), so the figure sits beside the model's val bits/byte; the model is
 also charged for each document's end (its EOT token), a compressor only for the document's bytes.
 
-PPMd is variant H, the one 7-Zip writes into .7z files (pyppmd). None of these compressors can be copied once
+PPMd is variant H, the one 7-Zip writes into .7z files (pyppmd). zpaq's strongest method (`zpaq a ARC FILE -m5`,
+context mixing; Debian's zpaq package) runs as the zpaq program on a file of train + doc and is charged the size
+of the archive it writes, so the archive's fixed header and journal cancel in the difference; where zpaq is not
+installed its row is skipped and the reason says so. None of these compressors can be copied once
 primed with the train text, so every document costs one compression of train + doc: (documents + 1)
 compressions of the train text per compressor, run in parallel over the compressors and cached per split
 under <cache>/classical/.
@@ -21,6 +24,9 @@ import json
 import lzma
 import os
 import platform
+import shutil
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -62,12 +68,44 @@ def zstd(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=22).compress(data)
 
 
+ZPAQ = "zpaq"  # the program; a test points it at a stand-in
+
+
+def zpaq(data: bytes) -> bytes:
+    """The archive `zpaq a arc.zpaq data -m5` writes (one thread: a 4 MB text is one block anyway)."""
+    program = ZPAQ
+    with tempfile.TemporaryDirectory(prefix="attnlab-zpaq-") as tmp:
+        (Path(tmp) / "data").write_bytes(data)
+        done = subprocess.run(
+            [program, "a", "arc.zpaq", "data", "-m5", "-threads", "1"], cwd=tmp, capture_output=True, text=True
+        )
+        archive = Path(tmp) / "arc.zpaq"
+        if done.returncode != 0 or not archive.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"{program} a ... -m5 failed (exit {done.returncode}): {tail[0]}")
+        return archive.read_bytes()
+
+
 COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     **{f"PPMd H o{order}": partial(ppmd, order=order) for order in PPMD_ORDERS},
     "xz -9e": xz,
     "bzip2 -9": bzip2,
     "zstd --ultra -22": zstd,
+    "zpaq -m5": zpaq,
 }
+
+
+def program_version(path: str) -> str:
+    """The first line a program prints with no arguments (zpaq: 'zpaq v7.15 journaling archiver, ...')."""
+    done = subprocess.run([path], capture_output=True, text=True)
+    return ((done.stdout or done.stderr).strip().splitlines() or ["unknown version"])[0]
+
+
+def measured_compressors() -> tuple[list[str], dict[str, str]]:
+    """The compressors this machine can run, in COMPRESSORS' order, and {name: why not} for the others: zpaq is a
+    program, not a Python package, and may not be installed."""
+    missing = {} if shutil.which(ZPAQ) else {"zpaq -m5": f"{ZPAQ} is not installed (Debian: apt-get install zpaq)"}
+    return [name for name in COMPRESSORS if name not in missing], missing
 
 
 def held_out_bits(compress: Callable[[bytes], bytes], train: bytes, docs: list[bytes]) -> float:
@@ -99,15 +137,18 @@ def too_big(meta: dict) -> str | None:
 
 
 def cache_path(cfg: DataConfig) -> Path:
-    """Where the baselines of `cfg`'s split are kept: keyed on the split (not the tokenizer) and the compressors."""
+    """Where the baselines of `cfg`'s split are kept: keyed on the split (not the tokenizer) and the compressors
+    measured (a program installed later is a new entry, measured with it)."""
+    names, _ = measured_compressors()
     key = {
         "format": FORMAT_VERSION,  # prepare's split rule
         "source": source_identity(cfg),
         "val_fraction": cfg.val_fraction,
         "split_seed": cfg.split_seed,
-        "compressors": list(COMPRESSORS),
+        "compressors": names,
         "ppmd_mem": PPMD_MEM,
         "versions": [platform.python_version(), pyppmd.__version__, zstandard.__version__],
+        **({"zpaq": program_version(shutil.which(ZPAQ))} if "zpaq -m5" in names else {}),
     }
     return resolve_cache_dir(cfg.cache_dir) / "classical" / f"{fingerprint(key)}.json"
 
@@ -120,7 +161,8 @@ def _measure(name: str, train: bytes, docs: list[bytes]) -> tuple[float, float]:
 
 def baselines(cfg: DataConfig, meta: dict, cpu: str) -> dict:
     """Each compressor's bits/byte on the val split of `cfg` (prepared, with `meta`), measured once on `cpu` and
-    then read from the cache; {"skipped": why} where the split is too big."""
+    then read from the cache; {"skipped": why} where the split is too big; "not_measured" says why a program
+    compressor has no row (not installed)."""
     if reason := too_big(meta):
         return {"skipped": reason}
     path = cache_path(cfg)
@@ -132,12 +174,13 @@ def baselines(cfg: DataConfig, meta: dict, cpu: str) -> dict:
         f"val split of {len(docs)} documents, {val_bytes} bytes; prepared: {meta['num_documents']['val']}, "
         f"{meta['val_bytes']}"
     )
-    names = sorted(COMPRESSORS, key=lambda n: n != "xz -9e")  # the slowest first, for the packing
+    available, missing = measured_compressors()
+    names = sorted(available, key=lambda n: n not in ("zpaq -m5", "xz -9e"))  # the slowest first, for the packing
     with ProcessPoolExecutor(min(len(names), os.cpu_count() or 1)) as pool:
         measured = dict(zip(names, pool.map(_measure, names, [train] * len(names), [docs] * len(names)), strict=True))
     rows = [
         {"compressor": name, "bits_per_byte": measured[name][0] / val_bytes, "seconds": measured[name][1]}
-        for name in COMPRESSORS
+        for name in available
     ]
     result = {
         "cpu": cpu,
@@ -146,6 +189,7 @@ def baselines(cfg: DataConfig, meta: dict, cpu: str) -> dict:
         "val_bytes": val_bytes,
         "val_documents": len(docs),
         "rows": rows,
+        "not_measured": missing,
     }
     atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode())  # a concurrent scorer: none or whole
     return result

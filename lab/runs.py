@@ -65,6 +65,18 @@ def sweep_tables(root: Path, runs: list[sweep.Run]) -> dict[str, Any]:
     return {"table": split_table(table), "unfinished": split_table(unfinished), "note": note}
 
 
+def run_cells(runs: list[sweep.Run]) -> tuple[list[str], list[int | None]]:
+    """The sweep's cells (labelled by the keys it varies, seed aside, in the report's order) and each run's index
+    among them, so the chart draws a cell's seeds in one colour; an unreadable run has no config, so no cell."""
+    readable = [r for r in runs if r.status != sweep.UNREADABLE]
+    keys = sweep.varying_keys(readable)
+    values = [tuple(sweep.setting(r.config, k) for k in keys) for r in readable]
+    order = sorted(set(values), key=sweep.sort_key)
+    labels = [sweep.Cell(dict(zip(keys, v, strict=True)), []).label() for v in order]
+    index = iter(order.index(v) for v in values)
+    return labels, [None if r.status == sweep.UNREADABLE else next(index) for r in runs]
+
+
 def view(path: str | Path) -> dict[str, Any]:
     """A run directory (its curves) or a sweep directory (every run's curves and the ablation table)."""
     root = Path(path).expanduser()
@@ -75,17 +87,21 @@ def view(path: str | Path) -> dict[str, Any]:
     if (root / METRICS).is_file():
         return {"kind": "run", "path": str(root), "runs": [{"name": root.name, "curves": curves(root)}]}
     found = sweep.find_runs(root)  # FileNotFoundError when nothing under it is a run
+    cells, cell_of = run_cells(found)
     return {
         "kind": "sweep",
         "path": str(root),
+        "cells": cells,
         "runs": [
             # an unreadable run is listed with its error in the table below, and has no curves to draw
             {
                 "name": str(r.path.relative_to(root)),
                 "status": r.status,
+                "cell": cell,
+                "seed": r.seed,
                 "curves": {} if r.status == sweep.UNREADABLE else curves(r.path),
             }
-            for r in found
+            for r, cell in zip(found, cell_of, strict=True)
         ],
         **sweep_tables(root, found),
     }

@@ -203,7 +203,9 @@ def read_prompt(cfg: SampleConfig, stdin: TextIO) -> str:
     elif cfg.prompt == "-":
         data = stdin.buffer.read(MAX_TEXT_BYTES + 1) if hasattr(stdin, "buffer") else stdin.read().encode()
         text = decode_text(data, "the prompt on stdin", "prompt", LONG_PROMPT)
-        text = text.removesuffix("\n").removesuffix("\r")  # echo's line end (\r\n on Windows), not the prompt's
+        # As typed, its last newline too (printf or echo -n pipe a prompt without one); a Windows line end is a
+        # newline, as Python's text mode reads it, not a "\r" a char model has never seen
+        text = text.replace("\r\n", "\n")
     else:
         text = cfg.prompt
     if not text:

@@ -66,9 +66,12 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
                 name, value = [*line[1:].split(None, 1), "", ""][:2]  # any whitespace: ':temp<TAB>0' was unknown
                 if name in ("q", "quit", "exit"):
                     return cfg
-                changed = repl_command(REPL_ALIASES.get(name, name), value.strip(), cfg, out)
+                name = REPL_ALIASES.get(name, name)
+                changed = repl_command(name, value.strip(), cfg, out)
                 sampler.params(changed)  # refused now, not at every later prompt (a context_length past block_size)
                 cfg = changed
+                if note := acknowledgement(name, cfg):  # on stderr: stdout holds the samples and what was asked for
+                    err.write(note + "\n")
             else:
                 text = line[1:] if line.startswith("::") else line
                 sampler.sample(text.replace("\\n", "\n"), cfg, out)
@@ -81,17 +84,31 @@ def repl(sampler: Sampler, cfg: SampleConfig, stdin: TextIO, out: TextIO, err: T
             err.write("interrupted; the next prompt samples again (:quit or end of input leaves)\n")
 
 
+def settings(cfg: SampleConfig) -> dict[str, object]:
+    """Every setting the REPL shows and changes, by name."""
+    return {
+        **{k: getattr(cfg.sampling, k) for k in CLI_SAMPLING_FIELDS},
+        **{k: getattr(cfg, k) for k in REPL_SETTINGS},
+    }
+
+
+def acknowledgement(name: str, cfg: SampleConfig) -> str:
+    """The line that says what a command set, from the settings it leaves (so a value shows as parsed: 0 as 0.0);
+    "" for :help and :show, whose answer is the acknowledgement."""
+    if name in ("help", "show"):
+        return ""
+    value = settings(cfg)[name]
+    greedy = " (greedy: the most likely token at each step)" if name == "temperature" and value == 0 else ""
+    return f"set {name}={show_default(value)}{greedy}"
+
+
 def repl_command(name: str, value: str, cfg: SampleConfig, out: TextIO) -> SampleConfig:
     """Apply one `:name value` command; ValueError (one line) for a bad name or value."""
     if name == "help":
         out.write(REPL_HELP + "\n")
         return cfg
     if name == "show":
-        settings = {
-            **{k: getattr(cfg.sampling, k) for k in CLI_SAMPLING_FIELDS},
-            **{k: getattr(cfg, k) for k in REPL_SETTINGS},
-        }
-        out.write("  ".join(f"{k}={show_default(v)}" for k, v in settings.items()) + "\n")
+        out.write("  ".join(f"{k}={show_default(v)}" for k, v in settings(cfg).items()) + "\n")
         return cfg
     docs = {d.name: d for d in cli_fields()}
     if name not in CLI_SAMPLING_FIELDS and name not in REPL_SETTINGS:

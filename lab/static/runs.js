@@ -1,10 +1,31 @@
-// Runs tab: a run's train/val loss against step, or every run of a sweep (val loss), drawn in SVG; for a sweep
+// Runs tab: a run's train/val loss against step, or every run of a sweep (val loss, one colour a cell: its seeds
+// thin lines of that colour, one legend entry a cell), drawn in SVG; for a sweep
 // also the ablation table from analysis/report.py and the runs that did not complete; for a run its head
 // importance over training, where `scripts/head_importance.py RUN --over-training` has written it.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const PALETTE = ["#2f5bd3", "#d92d20", "#079455", "#dc6803", "#7a5af8", "#0e9384", "#c11574", "#667085"];
+const PALETTE = ["#2f5bd3", "#d92d20", "#079455", "#dc6803", "#7a5af8", "#0e9384", "#c11574", "#667085",
+  "#854a0e", "#b2a100", "#e478b8", "#1b1b1b"];
+
+// A sweep's cell i: the palette's twelve, then hues a golden angle apart (no two cells alike however many).
+function cellColour(i) {
+  return i < PALETTE.length ? PALETTE[i] : `hsl(${Math.round((i * 137.508) % 360)}, 70%, ${i % 2 ? 38 : 52}%)`;
+}
+
+// The sweep's val-loss series, one a run, coloured by cell (its seeds share it, thin), and one legend entry a cell.
+function sweepSeries(view) {
+  const drawn = view.runs.filter((r) => r.curves["val/loss"] && r.cell !== null);
+  const series = drawn.map((r) => ({ name: r.name, points: r.curves["val/loss"], colour: cellColour(r.cell),
+    thin: true, cell: r.cell }));
+  const legend = view.cells.map((label, i) => {
+    const seeds = drawn.filter((r) => r.cell === i).length;
+    // shown as the keys' last parts (d_k=8, n_head=2), whole in its tooltip
+    return { name: label.replace(/[\w.]*\.(\w+)=/g, "$1="), title: `${label} (${seeds} seed${seeds === 1 ? "" : "s"})`,
+      colour: cellColour(i), cell: i };
+  }).filter((entry) => drawn.some((r) => r.cell === entry.cell));
+  return { series, legend };
+}
 
 function svg(tag, attrs = {}, text) {
   const node = document.createElementNS(SVG, tag);
@@ -22,9 +43,9 @@ function ticks(lo, hi, count) {
   return out;
 }
 
-// series: [{name, points: [[step, value], ...], colour, dashed}]
-function lineChart(series, yLabel) {
-  const W = 900, H = 360, m = { l: 56, r: 190, t: 14, b: 40 }, all = series.flatMap((s) => s.points);
+// series: [{name, points: [[step, value], ...], colour, dashed, thin}]; legend: [{name, colour, dashed, cell}]
+function lineChart(series, yLabel, legend = series) {
+  const W = 900, H = 360, m = { l: 56, r: 230, t: 14, b: 40 }, all = series.flatMap((s) => s.points);
   const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), pad = (Math.max(...ys) - Math.min(...ys)) * 0.05 || 0.1;
   const y0 = Math.min(...ys) - pad, y1 = Math.max(...ys) + pad;
@@ -43,16 +64,23 @@ function lineChart(series, yLabel) {
     "text-anchor": "middle" }, yLabel));
   series.forEach((s, i) => {
     const d = s.points.map(([x, y], j) => `${j ? "L" : "M"}${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join("");
-    root.append(svg("path", { d, fill: "none", stroke: s.colour, "stroke-width": s.dashed ? 1.2 : 2,
-      "stroke-dasharray": s.dashed ? "4 3" : "none", "data-series": s.name }));
+    root.append(svg("path", { d, fill: "none", stroke: s.colour, "stroke-width": s.dashed || s.thin ? 1.2 : 2,
+      "stroke-dasharray": s.dashed ? "4 3" : "none", "data-series": s.name, ...(s.thin ? { "data-cell": s.cell } : {}) }));
     if (s.points.length === 1) {  // a path of one point draws nothing (a run stopped after its first evaluation)
       const [x, y] = s.points[0];
-      root.append(svg("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: s.colour, "data-series": s.name }));
+      root.append(svg("circle", { cx: X(x), cy: Y(y), r: 3.5, fill: s.colour, "data-series": s.name,
+        ...(s.thin ? { "data-cell": s.cell } : {}) }));
     }
-    const ly = m.t + 8 + i * 18;
-    root.append(svg("line", { x1: W - m.r + 14, x2: W - m.r + 34, y1: ly, y2: ly, stroke: s.colour, "stroke-width": 2,
+  });
+  legend.forEach((s, i) => {
+    const ly = m.t + 8 + i * 18, entry = svg("g", { class: "legend", ...(s.cell !== undefined ? { "data-cell": s.cell } : {}) });
+    entry.append(svg("line", { x1: W - m.r + 14, x2: W - m.r + 34, y1: ly, y2: ly, stroke: s.colour, "stroke-width": 2,
       "stroke-dasharray": s.dashed ? "4 3" : "none" }));
-    root.append(svg("text", { x: W - m.r + 40, y: ly + 4 }, s.name));
+    // a long cell label is cut to the legend's column; its whole text is the entry's tooltip
+    const text = svg("text", { x: W - m.r + 40, y: ly + 4 }, s.name.length > 30 ? `${s.name.slice(0, 29)}…` : s.name);
+    text.append(svg("title", {}, s.title || s.name));
+    entry.append(text);
+    root.append(entry);
   });
   return root;
 }
@@ -112,16 +140,16 @@ function clearRuns() {
 function renderRuns(view) {
   const chart = $("runs-chart"), tables = $("runs-tables");
   clearRuns();
-  let series;
+  let series, legend;
   if (view.kind === "run") {
     const c = view.runs[0].curves;
     series = [["val/loss", false, PALETTE[0]], ["train/loss", true, PALETTE[1]]]
       .filter(([k]) => c[k]).map(([k, dashed, colour]) => ({ name: k, points: c[k], colour, dashed }));
   } else {
-    series = view.runs.filter((r) => r.curves["val/loss"])
-      .map((r, i) => ({ name: r.name, points: r.curves["val/loss"], colour: PALETTE[i % PALETTE.length] }));
+    ({ series, legend } = sweepSeries(view));
   }
-  if (series.length) chart.append(lineChart(series, view.kind === "run" ? "loss (nats/token)" : "val/loss (nats/token)"));
+  const yLabel = view.kind === "run" ? "loss (nats/token)" : "val/loss (nats/token)";
+  if (series.length) chart.append(lineChart(series, yLabel, legend));
   else chart.append(el("p", { class: "hint", text: "no loss logged yet in metrics.jsonl" }));
   if (view.kind === "sweep") {
     if (view.table.header.length) {  // none where the report refuses these runs as one table: the note says why

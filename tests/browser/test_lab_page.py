@@ -192,6 +192,30 @@ def test_runs_tab_draws_a_curve_of_one_point_and_says_why_a_folder_has_no_table(
     assert "no ablation table: " in page.inner_text("#runs-tables")
 
 
+def test_runs_tab_gives_each_cell_of_a_sweep_one_colour_and_one_legend_entry(page, lab_tmp):
+    """A 12-run sweep was drawn as 12 lines whose colours repeated (two different cells both blue)."""
+    from tests.unit.test_lab import twelve_cells_of_two_seeds
+
+    twelve_cells_of_two_seeds(lab_tmp / "sweep")
+    page.click("button[data-tab=runs]")
+    page.fill("#runs-path", str(lab_tmp / "sweep"))
+    page.click("#runs-form button")
+    page.wait_for_selector("#runs-status:has-text('sweep of 24 runs')")
+    strokes = page.eval_on_selector_all(
+        "#runs-chart path[data-cell]", "ps => ps.map(p => [p.dataset.cell, p.getAttribute('stroke')])"
+    )
+    assert len(strokes) == 24
+    colour_of = {}
+    for cell, stroke in strokes:
+        assert colour_of.setdefault(cell, stroke) == stroke, f"cell {cell}'s seeds differ in colour"
+    assert len(colour_of) == 12 and len(set(colour_of.values())) == 12, "12 cells, 12 colours"
+    legend = page.locator("#runs-chart g.legend").all_text_contents()
+    assert len(legend) == 12 and all(text.endswith("(2 seeds)") for text in legend), legend
+    first = page.locator("#runs-chart g.legend text").first
+    assert first.evaluate("t => t.firstChild.textContent") == "d_k=8, n_head=1"  # the keys' last parts
+    assert first.locator("title").text_content() == "model.d_k=8, model.n_head=1 (2 seeds)"
+
+
 def test_opening_a_bad_checkpoint_shows_a_message_and_keeps_the_model(page, session, lab_tmp):
     bad = lab_tmp / "bad.safetensors"
     bad.write_bytes(b"not a checkpoint at all")

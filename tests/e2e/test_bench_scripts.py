@@ -152,7 +152,9 @@ def test_bench_quality_classical_prints_every_compressor_on_the_val_split_with_t
     assert lines[0].startswith("classical compressors primed with the ")
     assert device_name(torch.device("cpu")) in lines[0]  # the CPU they were measured on
     rows = {line.split("  ")[1].strip(): line for line in lines[1:]}
-    assert list(rows) == list(classical.COMPRESSORS) and all(" bits/byte " in row for row in rows.values())
+    assert list(rows) == list(classical.COMPRESSORS)
+    skipped = classical.measured_compressors()[1]  # zpaq, where it is not installed: one line saying so
+    assert all((" skipped: " if name in skipped else " bits/byte ") in row for name, row in rows.items())
     assert sum(row.endswith("<- the floor") for row in rows.values()) == 1
 
 

@@ -2,6 +2,7 @@
 documents and bytes, and the cache."""
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_every_compressor_is_measured_once_then_read_from_the_cache(tmp_path, mo
     cfg = corpus_config(tmp_path, 6)
     meta = prepare(cfg, progress=False).meta
     result = classical.baselines(cfg, meta, "a CPU")
-    assert [r["compressor"] for r in result["rows"]] == list(classical.COMPRESSORS)
+    assert [r["compressor"] for r in result["rows"]] == classical.measured_compressors()[0]
     assert result["cpu"] == "a CPU" and result["val_bytes"] == meta["val_bytes"]
     assert all(0 < r["bits_per_byte"] < 8 for r in result["rows"])  # 20 words of letters: well under 8
     best = classical.floor(result)
@@ -77,3 +78,59 @@ def test_a_split_too_big_to_compress_once_per_document_is_skipped_with_the_reaso
     assert result == {"skipped": classical.too_big(meta)} and classical.floor(result) is None
     assert result["skipped"].startswith("1000 val documents x 1,000,000 train bytes is 1,002 MB")
     assert result["skipped"].endswith("over the 200 MB limit")
+
+
+def stand_in_zpaq(tmp_path: Path) -> Path:
+    """A program that takes zpaq's command line and 'archives' by storing: a 100-byte header, then the file."""
+    program = tmp_path / "bin" / "zpaq"
+    program.parent.mkdir()
+    program.write_text(
+        '#!/bin/sh\n[ $# -eq 0 ] && { echo "zpaq v0 stand-in"; exit 1; }\n'
+        f'echo "$@" >> {tmp_path / "calls"}\n'
+        '{ printf "%0100d" 0; cat "$3"; } > "$2"\n'
+    )
+    program.chmod(0o755)
+    return program
+
+
+def test_zpaq_is_primed_with_the_train_text_and_charged_the_archives_extra_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(classical, "ZPAQ", str(stand_in_zpaq(tmp_path)))
+    assert classical.held_out_bits(classical.zpaq, b"train text", [b"abc", b"de"]) == 8 * 5  # the header cancels
+    assert (tmp_path / "calls").read_text().splitlines() == ["a arc.zpaq data -m5 -threads 1"] * 3
+    assert classical.measured_compressors() == (list(classical.COMPRESSORS), {})
+    cfg = corpus_config(tmp_path, 6)
+    result = classical.baselines(cfg, prepare(cfg, progress=False).meta, "a CPU")
+    (row,) = [r for r in result["rows"] if r["compressor"] == "zpaq -m5"]
+    assert row["bits_per_byte"] == 8.0 and result["not_measured"] == {}
+
+
+def test_without_zpaq_its_row_is_skipped_with_a_one_line_reason_and_the_rest_measured(tmp_path, monkeypatch, capsys):
+    from bench.bench_quality import print_baselines
+
+    cfg = corpus_config(tmp_path, 6)
+    meta = prepare(cfg, progress=False).meta
+    monkeypatch.setattr(classical, "ZPAQ", str(tmp_path / "nowhere" / "zpaq"))
+    without = classical.cache_path(cfg)
+    result = classical.baselines(cfg, meta, "a CPU")
+    assert "zpaq -m5" not in [r["compressor"] for r in result["rows"]] and len(result["rows"]) == 14
+    why = f"{tmp_path / 'nowhere' / 'zpaq'} is not installed (Debian: apt-get install zpaq)"
+    assert result["not_measured"] == {"zpaq -m5": why}
+    print_baselines(result)
+    assert capsys.readouterr().out.splitlines()[-1] == f"  zpaq -m5          skipped: {why}"
+    monkeypatch.setattr(classical, "ZPAQ", str(stand_in_zpaq(tmp_path)))
+    assert classical.cache_path(cfg) != without, "zpaq installed later: measured with it, not read from the cache"
+
+
+def test_a_zpaq_that_fails_is_one_line_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(classical, "ZPAQ", "false")
+    with pytest.raises(RuntimeError, match=r"^false a \.\.\. -m5 failed \(exit 1\): no output$"):
+        classical.zpaq(b"text")
+
+
+@pytest.mark.skipif(shutil.which("zpaq") is None, reason="zpaq is not installed (Debian: apt-get install zpaq)")
+def test_the_real_zpaq_m5_charges_a_repeat_of_the_train_text_almost_nothing_and_noise_8_bits():
+    rng = random.Random(2)
+    train = letters(rng, 20_000)
+    assert classical.held_out_bits(classical.zpaq, train, [train]) / len(train) < 0.1
+    noise = rng.randbytes(5_000)
+    assert 7.9 <= classical.held_out_bits(classical.zpaq, train, [noise]) / len(noise) < 8.6

@@ -60,8 +60,10 @@ def test_bad_configs_name_the_value(overrides, message):
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_data_configs_are_typed_and_valid(path):
     assert path.read_text().startswith("# "), "each config opens with a comment saying what it is"
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path))
-    cfg = OmegaConf.to_object(merged)
+    from tests.helpers import compose_config
+
+    # composed as a run composes it: a data config may take another's recipe through its defaults list
+    cfg = DataConfig(**OmegaConf.to_container(compose_config([f"data={path.stem}"]).data))
     if cfg.source == "files":
         assert cfg.files == []  # given on the command line
         cfg.files = ["notes.txt"]
@@ -355,6 +357,32 @@ def test_the_held_out_share_is_val_fraction_of_the_bytes(tmp_path, seed):
         sorted([*whole[0], *whole[1], "".join(sorted(cut, key=lambda t: not t.startswith("file")))]) == sorted(docs)
         or not cut
     )
+
+
+def test_the_preparation_line_says_how_many_documents_and_bytes_were_held_out(tmp_path, caplog):
+    # Defect: 12 files with val_fraction=0.1 held out 23% of the tokens, and the preparation line did not say so.
+    write_docs(tmp_path / "docs", uneven_docs(0, 12))
+    with caplog.at_level("INFO", logger="data.prepare"):
+        meta = prepare(files_cfg(tmp_path, tokenizer="char"), progress=False).meta
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prepared ")]
+    n = meta["num_documents"]["val"]
+    held = f"{meta['val_bytes']:,} bytes ({n} documents, {val_share(meta):.1%} of the text, "
+    assert held + "data.val_fraction=0.1) held out -> " in line, line
+    assert 0.09 <= val_share(meta) <= 0.11, "within VAL_TOLERANCE (10%, relative) of val_fraction"
+
+
+def test_data_files_takes_the_defaults_tokenizer_unless_another_is_asked_for():
+    # Defect: data=files defaulted to the char tokenizer, not the default's learned BPE with BPE-dropout.
+    from tests.helpers import compose_config
+
+    recipe = ("tokenizer", "bpe_vocab_size", "bpe_dropout", "bpe_dropout_copies", "val_fraction", "split_seed")
+    default = compose_config([]).data
+    files = compose_config(["data=files", "data.files=[a.txt]"]).data
+    assert (files.source, files.files) == ("files", ["a.txt"])
+    assert {k: files[k] for k in recipe} == {k: default[k] for k in recipe}
+    assert default.tokenizer == "bpe" and default.bpe_dropout > 0
+    char = compose_config(["data=files", "data.files=[a.txt]", "data.tokenizer=char"]).data
+    assert char.tokenizer == "char" and not DataConfig(**char).segments_with_dropout
 
 
 def test_one_file_most_of_the_corpus_is_cut_and_the_rest_stays_whole(tmp_path):

@@ -209,6 +209,35 @@ def test_runs_view_of_a_folder_without_an_ablation_table_still_shows_every_runs_
     )
 
 
+def twelve_cells_of_two_seeds(root: Path) -> list[tuple[int, int]]:
+    """A sweep of 12 cells (n_head x d_k) x 2 seeds, each run with a three-point val curve; the cells' values."""
+    from tests.helpers import write_fake_run
+
+    shapes = [(h, k) for h in (1, 2, 4) for k in (8, 16, 32, 64)]
+    for h, k in shapes:
+        for seed in (1, 2):
+            run = write_fake_run(root / f"h{h}_k{k}_s{seed}", {"model": {"n_head": h, "d_k": k}, "seed": seed}, 2.0)
+            curve = [{"step": s, "val/loss": 3.0 - s / 100 - h / 10 - seed / 50} for s in (10, 20, 30)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+    return shapes
+
+
+def test_a_sweeps_runs_are_grouped_by_cell_its_seeds_sharing_one(tmp_path):
+    # Defect: a 12-run sweep was 12 lines whose colours repeated (two different cells both blue), not grouped by cell.
+    shapes = twelve_cells_of_two_seeds(tmp_path / "sweep")
+    (tmp_path / "sweep" / "broken").mkdir()
+    (tmp_path / "sweep" / "broken" / "run_info.json").write_text("{not json")
+    view = runs.view(tmp_path / "sweep")
+    assert view["cells"] == [f"model.d_k={k}, model.n_head={h}" for k in (8, 16, 32, 64) for h in (1, 2, 4)]
+    cell_of = {r["name"]: r["cell"] for r in view["runs"]}
+    for h, k in shapes:
+        seeds = {cell_of[f"h{h}_k{k}_s{seed}"] for seed in (1, 2)}
+        assert seeds == {view["cells"].index(f"model.d_k={k}, model.n_head={h}")}, (h, k, seeds)
+    assert cell_of["broken"] is None  # unreadable: no config, no cell, no curve
+    assert sorted(c for c in cell_of.values() if c is not None) == sorted(list(range(12)) * 2)
+    assert {r["seed"] for r in view["runs"] if r["cell"] is not None} == {1, 2}
+
+
 def test_sampling_settings_are_checked_with_one_line_errors():
     assert api.sampling_settings({"top_k": "", "top_p": "0.9"}).top_k is None
     with pytest.raises(ValueError, match=r"top_p=1\.5 is invalid"):
