@@ -70,7 +70,7 @@ def test_two_jobs_train_at_once_on_one_thread_each_into_a_sweep_the_report_reads
     assert [re.sub(r":.*", "", line) for line in lines if line.startswith("job ")] == ["job 1 of 2", "job 2 of 2"]
     assert f"[job 1] run directory {sweep / '0'} (full config: config.yaml)" in lines
     assert f"[job 2] run directory {sweep / '1'} (full config: config.yaml)" in lines
-    assert lines[-2:] == [f"sweep done: {sweep}", f"  report: python scripts/ablation_report.py {sweep}"]
+    assert lines[-2:] == [f"sweep done: {sweep}", f"  report: python scripts/ablation_report.py {sweep} --full-val"]
     assert sum("report:" in line for line in lines) == 1
 
     report = write_report(sweep, tmp_path / "report").read_text()  # it reads each job's .hydra/ and records
@@ -87,11 +87,11 @@ def test_a_failed_job_ends_the_sweep_with_its_one_line_and_the_other_job_runs(ti
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     (error,) = [line.removeprefix("[job 2] ") for line in lines if line.startswith("[job 2] the train split has")]
     assert "fewer than one batch needs" in error  # the job's own line, as it happened
-    assert lines[-3:] == [
+    assert lines[-4:-2] == [  # printed as the last job ends; then Hydra's line naming the failed job, its error
         f"sweep done, with failed jobs (the report lists them): {sweep}",
-        f"  report: python scripts/ablation_report.py {sweep}",
-        f"error: {error}",
+        f"  report: python scripts/ablation_report.py {sweep} --full-val",
     ]
+    assert lines[-2].startswith("Error executing job with overrides: [") and lines[-1] == f"error: {error}"
     assert (sweep / "0" / "checkpoints" / "step_0000002.safetensors").is_file()
     assert (sweep / "1" / ".hydra" / "overrides.yaml").is_file()  # how the report finds a job failed at start-up
 
