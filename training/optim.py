@@ -22,7 +22,7 @@ SCHEDULES = ("cosine", "wsd")
 COOLDOWNS = ("linear", "1-sqrt")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic, steepest at zero
 MAX_LR = 1000.0  # every peak lr: see OptimConfig.validate
-GROUP_LRS = ("embedding_lr", "head_lr", "gain_lr", "bigram_lr")  # a group's own peak lr, or null for optim.lr
+GROUP_LRS = ("embedding_lr", "head_lr", "bigram_lr")  # a group's own peak lr, or null for optim.lr
 
 
 @dataclass
@@ -44,17 +44,11 @@ class OptimConfig:
     # when its token occurs.
     embedding_lr: float | None = None
     head_lr: float | None = None
-    # Peak lr of the "gain" group (norm gains, biases, every bare parameter: the residual mix's per-layer scalars);
-    # null: optim.lr. nanochat gives its per-layer scalars a far larger lr than its matrices' AdamW.
-    gain_lr: float | None = None
     # Peak lr of a hashed bigram table (model.bigram_embeds); null: optim.lr. Not the token table's: a row of pairs
     # occurs far more rarely than a token, and at the token table's 0.3 it memorised (docs/recipe/round15.md).
     bigram_lr: float | None = None
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, times Muon's lr
-    # NorMuon (Li et al. 2025): each row (output neuron) of Muon's orthogonalised update divided by its RMS,
-    # averaged over steps with this beta2, then the whole update scaled back to Muon's norm. null: plain Muon.
-    normuon_beta2: float | None = None
     grad_clip: float = 1.0  # max global grad norm; 0 disables
     # Weight averaging (training/average.py): from this fraction of training on, the run evaluates, saves
     # and samples an exponential moving average of its weights, of time constant average_window of the
@@ -91,8 +85,6 @@ class OptimConfig:
         for name in ("weight_decay", "embedding_weight_decay", "muon_weight_decay"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be a finite number >= 0")
-        if self.normuon_beta2 is not None and not 0 <= self.normuon_beta2 < 1:
-            raise ValueError(f"optim.normuon_beta2={self.normuon_beta2} is invalid; it must be in [0, 1) or null (off)")
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"optim.{name}={getattr(self, name)} is invalid; it must be in [0, 1)")
@@ -179,7 +171,7 @@ def build_optimizer(
     """AdamW over every group (decay as configured per role), or Muon for "hidden" and AdamW for the rest."""
     tables = cfg.embedding_weight_decay
     decay = {"hidden": cfg.weight_decay, "head": cfg.weight_decay, "embedding": tables, "bigram": tables}
-    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "gain": cfg.gain_lr, "bigram": cfg.bigram_lr}
+    peak = {"embedding": cfg.embedding_lr, "head": cfg.head_lr, "bigram": cfg.bigram_lr}  # gains: optim.lr
     if tied_head(model):  # the table is the output layer too: at the embeddings' 0.3 a tied GPT-2 rose above uniform
         peak["embedding"] = cfg.head_lr
     adam = {"betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
@@ -196,7 +188,7 @@ def build_optimizer(
         if group["role"] == "hidden":
             group |= {"lr_scale": cfg.muon_lr / cfg.lr, "weight_decay": cfg.muon_weight_decay, "eps": 1e-7}
             group |= {"momentum": cfg.muon_momentum, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS}
-            group |= {"ns_steps": 5, "normuon_beta2": cfg.normuon_beta2}
+            group |= {"ns_steps": 5}
     # Newton-Schulz in bf16 (torch.optim.Muon's choice) on GPUs, and on a CPU whose run is in bf16 (`precision`,
     # resolved) and has it natively: on a Zen 4 the default's optimizer step takes 15 ms instead of 22
     # (docs/recipe/round4.md). A CPU run in fp32 iterates in fp32, so it stays exact (DDP = one process); so do
@@ -250,8 +242,6 @@ class MuonAdamW(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1 - momentum)
             updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
         for p, update in zip(params, self._orthogonalized(updates, group), strict=True):
-            if group.get("normuon_beta2") is not None:
-                update = self._rows_normalized(p, update.float(), group["normuon_beta2"])
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
@@ -285,15 +275,6 @@ class MuonAdamW(torch.optim.Optimizer):
         if name not in state:
             state[name] = torch.zeros_like(like)
         return state[name]
-
-    def _rows_normalized(self, p: Tensor, update: Tensor, beta2: float) -> Tensor:
-        """NorMuon's step: an orthogonalised update's rows evened out by their running RMS (rows of W are output
-        neurons, which orthogonalisation leaves of unequal size), at the update's own Frobenius norm, so Muon's lr
-        and its shape factor keep their meaning. The common scale of the running mean cancels: no bias correction."""
-        rms = self._zeros_once(p, "row_second_moment", update[:, :1])
-        rms.lerp_(update.square().mean(dim=1, keepdim=True), 1 - beta2)
-        evened = update / (rms.sqrt() + 1e-10)
-        return evened * (update.norm() / evened.norm().clamp(min=1e-30))
 
     def _adamw(self, params: list[Tensor], group: dict) -> None:
         """torch.optim.AdamW's update of a group's tensors, as one call of torch's own: its fused kernel on a CPU

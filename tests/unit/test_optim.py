@@ -138,23 +138,22 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-@pytest.mark.parametrize("gain_lr", [None, 0.05])
-def test_embedding_head_and_gain_lrs_set_their_groups_peaks(optimizer, gain_lr):
+def test_embedding_and_head_lrs_set_their_groups_peaks_and_the_gains_take_optim_lr(optimizer):
     model = GPT(GPTConfig(**{**TINY.__dict__, "tie_embeddings": False, "x0_mix": True}))
-    cfg = OptimConfig(optimizer=optimizer, lr=0.004, muon_lr=0.02, embedding_lr=0.3, head_lr=0.008, gain_lr=gain_lr)
+    cfg = OptimConfig(optimizer=optimizer, lr=0.004, muon_lr=0.02, embedding_lr=0.3, head_lr=0.008)
     opt = build_optimizer(model, cfg, "cpu")
     set_lr(opt, 0.002)  # half the peak: each group at half its own
     lrs = {g["role"]: g["lr"] for g in opt.param_groups}
     assert lrs["embedding"] == pytest.approx(0.15) and lrs["head"] == pytest.approx(0.004)
-    assert lrs["gain"] == pytest.approx(0.025 if gain_lr else 0.002)
+    assert lrs["gain"] == pytest.approx(0.002)
     gains = {id(p) for g in opt.param_groups if g["role"] == "gain" for p in g["params"]}
     assert id(model.x0_scales) in gains and id(model.resid_scales) in gains  # the residual mix's scalars
     assert lrs["hidden"] == pytest.approx(0.01 if optimizer == "muon" else 0.002)
 
 
-@pytest.mark.parametrize("name", ["embedding_lr", "head_lr", "gain_lr", "bigram_lr"])
+@pytest.mark.parametrize("name", ["embedding_lr", "head_lr", "bigram_lr"])
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), 1e6])
-def test_embedding_head_gain_and_bigram_lrs_refuse_bad_values(name, value):
+def test_embedding_head_and_bigram_lrs_refuse_bad_values(name, value):
     with pytest.raises(ValueError, match=rf"optim.{name}={value} is invalid"):
         OptimConfig(**{name: value}).validate()
 
@@ -293,21 +292,11 @@ def test_matrices_of_one_shape_or_its_transpose_orthogonalised_as_a_batch_step_a
         torch.testing.assert_close(together[i], start, rtol=0, atol=1e-5)
 
 
-def test_normuon_evens_out_the_rows_of_muons_update_at_its_norm():
-    def one_step(normuon_beta2):
-        params = two_matrices_and_a_gain()[:2]
-        group = {"params": params, "role": "hidden", "lr_scale": 1.0, "weight_decay": 0.0, "eps": 1e-7}
-        group |= {"momentum": 0.95, "nesterov": True, "ns_coefficients": NS_COEFFICIENTS, "ns_steps": 5}
-        take_steps(params, MuonAdamW([group | {"normuon_beta2": normuon_beta2}], lr=0.1, ns_dtype=torch.float32), 1)
-        return [(p - start).detach() for p, start in zip(params, two_matrices_and_a_gain()[:2], strict=True)]
+def test_the_removed_muon_and_gain_knobs_are_refused_as_unknown_keys():
+    from hydra.errors import ConfigCompositionException
 
-    for muon, normuon in zip(one_step(None), one_step(0.0), strict=True):  # beta2 0: this step's RMS alone
-        rows = normuon.norm(dim=1)
-        torch.testing.assert_close(rows, rows.mean().expand_as(rows), rtol=1e-4, atol=0)
-        assert muon.norm(dim=1).std() > 0.01 * muon.norm(dim=1).mean()  # Muon's own rows differ
-        torch.testing.assert_close(normuon.norm(), muon.norm(), rtol=1e-5, atol=0)
+    from tests.helpers import compose_config
 
-
-def test_normuon_beta2_outside_0_1_is_refused():
-    with pytest.raises(ValueError, match=r"optim.normuon_beta2=1.0 is invalid; it must be in \[0, 1\) or null"):
-        OptimConfig(normuon_beta2=1.0).validate()
+    for override in ("optim.normuon_beta2=0.95", "optim.gain_lr=0.05"):
+        with pytest.raises(ConfigCompositionException, match=f"Could not override '{override.split('=')[0]}'"):
+            compose_config([override])
