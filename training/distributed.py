@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 @dataclass
 class DistributedConfig:
+    # fsdp's user: a model whose weights and optimizer state outgrow one GPU's memory (docs/guide.md's torchrun line).
     strategy: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard); used only when torchrun starts > 1 process
     backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
     timeout_s: float = 600.0  # a collective waiting this long (a rank died or hung) ends the job

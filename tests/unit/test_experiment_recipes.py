@@ -146,3 +146,17 @@ def test_a_default_scale_study_trains_the_noise_floors_recipe_for_1000_steps_ove
     check_swept_keys(paper, PAPERS[paper][1], swept)  # the report's paper section takes this sweep
     header = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
     assert f"#   python train.py +experiment={name}\n" in header and "min on a 2-core" in header
+
+
+def test_the_first_finding_is_vaswani_a_cpus_one_two_and_four_heads_in_12_runs_scored_on_every_held_out_token():
+    from analysis.papers import check_swept_keys
+
+    _, grid, configs = sweep_points("first_finding")
+    assert len(grid) == 12 and len({o for point in grid for o in point if o.startswith("seed=")}) == 4
+    assert [(c.model.n_head, c.model.head_dim) for c in configs] == [(1, 64), (2, 32), (4, 16)]
+    # The same three cells as the Table 3 (A) study on the plain GPT, at its size, steps and fairness mode.
+    table = {c.model.n_head: c for c in sweep_points("vaswani_a_cpu")[2]}
+    assert all(c == table[c.model.n_head] for c in configs)
+    hint = hydra_node("first_finding").callbacks.sweep_hint
+    assert (hint.paper, hint.reference, hint.full_val) == ("vaswani_a", "model.n_head=1", True)
+    check_swept_keys("vaswani_a", PAPERS["vaswani_a"][1], ["model.n_head"])
