@@ -90,29 +90,29 @@ RECIPES = {
     **LEAVE_ONE_OUT,
     "default": [],
     "nanogpt_baby": ["+experiment=nanogpt_baby"],
-    # The default before round 23 (docs/recipe/round23.md): the same training, predictions without the continuous cache.
+    # The default before docs/evidence/recipe/round23.md: the same training, predictions without the continuous cache.
     "round22": [*ROUND_23_UNDONE],
-    # The default before round 20 (docs/recipe/round20.md): a context of 1,024, scored in windows of 1,024.
+    # The default before docs/evidence/recipe/round20.md: a context of 1,024, scored in windows of 1,024.
     "round19": [*ROUND_20_UNDONE],
-    # The default before round 18 (docs/recipe/round18.md): a cooldown over the last 30% of training.
+    # The default before docs/evidence/recipe/round18.md: a cooldown over the last 30% of training.
     "round17": [*ROUND_18_UNDONE],
-    # The default before round 15 (docs/recipe/round15.md): no bigram table.
+    # The default before docs/evidence/recipe/round15.md: no bigram table.
     "round14": [*ROUND_15_UNDONE],
-    # The default before round 14 (docs/recipe/round14.md): a context of 128, scored in windows of 128.
+    # The default before docs/evidence/recipe/round14.md: a context of 128, scored in windows of 128.
     "round13": [*ROUND_14_UNDONE],
-    # Rounds 6-8's leading candidate, not resolved at equal time (docs/recipe/round8.md): the default 6 layers deep.
+    # A candidate not resolved at equal time (docs/evidence/recipe/round8.md): the default 6 layers deep.
     "layers_6": ["model.n_layer=6"],
-    # The default before round 11 (docs/recipe/round11.md): an evaluation and a save every 100 steps.
+    # The default before docs/evidence/recipe/round11.md: an evaluation and a save every 100 steps.
     "round10": [*ROUND_11_UNDONE],
-    # The default before round 10 (docs/recipe/round10.md): no residual mix, no sliding windows.
+    # The default before docs/evidence/recipe/round10.md: no residual mix, no sliding windows.
     "round9": [*ROUND_10_UNDONE],
-    # The default before round 9 (docs/recipe/round9.md): eager, not compiled.
+    # The default before docs/evidence/recipe/round9.md: eager, not compiled.
     "round8": [*ROUND_10_UNDONE, "compile=false"],
-    # The default before round 8 (docs/recipe/round8.md): the one deterministic segmentation of the train text.
+    # The default before docs/evidence/recipe/round8.md: the one deterministic segmentation of the train text.
     "round7": [*ROUND_10_UNDONE, "compile=false", "data.bpe_dropout=0"],
-    # The default before round 5 (docs/recipe/round5.md): the last step's weights, no average.
+    # The default before docs/evidence/recipe/round5.md: the last step's weights, no average.
     "round4": [*ROUND_10_UNDONE, "compile=false", "data.bpe_dropout=0", "optim.average_from=null"],
-    # The default before round 4 (docs/recipe/round4.md): no decay on Muon's matrices or the token table either.
+    # The default before docs/evidence/recipe/round4.md: no decay on Muon's matrices or the token table either.
     "round3": [
         *ROUND_10_UNDONE,
         "compile=false",
@@ -121,7 +121,7 @@ RECIPES = {
         "optim.embedding_weight_decay=0.0",
         "optim.average_from=null",
     ],
-    # The default before round 3 (docs/recipe/round3.md): 24 x 64 tokens, no gate, a tied head at the AdamW lr.
+    # The default before docs/evidence/recipe/round3.md: 24 x 64 tokens, no gate, a tied head at the AdamW lr.
     "round2": ["+recipe=muon_rope_bpe"],  # configs/recipe/muon_rope_bpe.yaml, which the noise floor and the studies pin
     # The recipe ablation: one choice of the default undone, or one knob the search rejected turned on.
     "adamw": [
@@ -227,7 +227,7 @@ def seconds_per_step(
     """Median seconds of each recipe's Trainer.step (what train.py runs) and of its compilation (0 if it does not
     compile), each timed in a fresh process of its own, as train.py runs it, the recipes in turns for `rounds`
     rounds. One process holding every recipe's Trainer timed the default's step at 115-120 ms against 98 alone,
-    on a Zen 4: the recipes' memory interfered (docs/recipe/round4.md)."""
+    on a Zen 4: the recipes' memory interfered (docs/evidence/recipe/round4.md)."""
     times: dict[str, list[list[float]]] = {name: [] for name in recipes}
     for _ in range(rounds):
         for name in recipes:

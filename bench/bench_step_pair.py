@@ -4,7 +4,7 @@
     python bench/bench_step_pair.py --change model.n_head=8 --rounds 12 --steps 10
     python bench/bench_step_pair.py --change model.activation=relu2 -- model.n_layer=6   # overrides for both
 
-On a drifting host the same step timed in two processes differed by 10-15% (docs/recipe/round10.md), more
+On a drifting host the same step timed in two processes differed by 10-15% (docs/evidence/recipe/round10.md), more
 than most changes it is asked to measure. Here both trainers are built (and compiled, as configured) first, then
 each takes `--steps` steps in turn, `--rounds` times; each round gives one ratio (with the change / without, of
 the two rounds' median step times), so a drift between rounds falls on both. It prints the machine, each median

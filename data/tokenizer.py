@@ -116,7 +116,7 @@ class BPETokenizer(Tokenizer):
 
     Why it exists: a char model spends a position on each character, and GPT-2's 50k-row head costs
     a small model more than its blocks. A few thousand merges let each position cover ~3 bytes
-    of Shakespeare for a head that stays small (docs/recipe/search.md, "the tokenizer")."""
+    of Shakespeare for a head that stays small (docs/evidence/recipe/search.md, "the tokenizer")."""
 
     def __init__(self, spec: str):
         from tokenizers import Tokenizer as HFTokenizer  # Rust BPE; imported only when one is used

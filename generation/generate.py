@@ -73,7 +73,7 @@ class SamplingParams:
     use_cache: bool = True  # KV cache; false recomputes the context for every token (same tokens, slower)
     context_length: int | None = None  # tokens each step sees; none = block_size (rope/sinusoidal may exceed)
     # mix in the model's continuous cache (model/pointer.py), as its full-val score does; off by default: fed its own
-    # samples it repeats them (docs/recipe/round23.md: 4-grams repeated 0.116 against held-out text's 0.085, 0.042 off)
+    # samples it repeats them (4-grams repeated 0.116 against held-out text's 0.085: docs/evidence/recipe/round23.md)
     pointer: bool = False
 
     def __post_init__(self) -> None:

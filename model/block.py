@@ -24,7 +24,7 @@ def gelu_tanh(x: Tensor) -> Tensor:
     """GELU's tanh approximation, as GPT-2 uses (so its weights interoperate): x (1 + tanh(u)) / 2 with
     u = sqrt(2/pi) (x + 0.044715 x^3). Compiled, it is written x sigmoid(2u), the same function (1 + tanh(u) =
     2 sigmoid(2u)): inductor's CPU kernels spend about twice as long on a vector tanh as on the sigmoid's exp, and
-    the default's step took 0.92x the time on an AMX Xeon (docs/recipe/round13.md). Eager keeps PyTorch's fused op."""
+    the default's step took 0.92x the time on an AMX Xeon (docs/evidence/recipe/round13.md). Eager: the fused op."""
     if torch.compiler.is_compiling():
         return x * torch.sigmoid(2 * GELU_TANH_SCALE * (x + 0.044715 * x * x * x))
     return F.gelu(x, approximate="tanh")

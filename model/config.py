@@ -34,7 +34,7 @@ class GPTConfig:
     vocab_size: int | None = None  # None: taken from the tokenizer of the data
     block_size: int = 256  # context: the longest sequence the model takes, the full-val score's window
     # Tokens in a training sequence, at most block_size; null: block_size. Shorter only where every layer is windowed to
-    # at most this many keys, so no layer meets a distance it never trained on ("train short, score long": round 14).
+    # at most this many keys, so no layer meets a distance it never trained on ("train short, score long").
     train_block_size: int | None = None
     n_layer: int = 4
     n_head: int = 4

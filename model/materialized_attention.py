@@ -28,7 +28,7 @@ from model.causal_mask import build_aligned_causal_mask
 
 # Smaller blocks skip more of the upper triangle but run the matmuls less efficiently, and each block is more
 # code to compile: at 128 and at 512 tokens, blocks of 128 step as fast as blocks of 64 and the default compiles
-# in ~5 s less from an empty cache (docs/recipe/round12.md).
+# in ~5 s less from an empty cache (docs/evidence/recipe/round12.md).
 QUERY_BLOCK = 128
 
 

@@ -13,7 +13,7 @@ back although no layer looks that far: the layers are windowed to 64-128 keys an
 parameters, so it meets no distance it was not trained on; it reads states the model already computed.
 
 It has no parameters and acts only in eval mode: training's 128-token sequences would give it little to
-point at. `weight` and `scale` are set, not learned (docs/recipe/round23.md).
+point at. `weight` and `scale` are set, not learned (docs/evidence/recipe/round23.md).
 """
 
 import torch

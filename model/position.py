@@ -14,7 +14,7 @@
 Angles are float32, from integer positions. RoPE keeps the cos/sin of positions 0..block_size - 1 in a
 float32 table that a cast of the model (`model.to(bf16)`) recomputes rather than rounds, since large
 positions need the precision: a compiled step read from it instead of recomputing pow, cos and sin per
-element in every layer's kernels, forward and backward (docs/recipe/round10.md). Other positions (left
+element in every layer's kernels, forward and backward (docs/evidence/recipe/round10.md). Other positions (left
 padding, a KV cache, beyond the table) are computed on the call.
 """
 

@@ -4,7 +4,7 @@ exponential moving average of its steps' weights, while the optimizer keeps step
 The average's time constant is a fraction of the run (`window`), not a number of steps: a step that moves
 progress (the fraction of training done) by d folds its weights in with weight 1 - exp(-d / window). A
 5-minute run of 2,500 steps with window 0.08 is an EMA of decay 0.995 a step, and a 20-step smoke run or a
-budget run that turns out longer gets the same shape. Measured in docs/recipe/round5.md.
+budget run that turns out longer gets the same shape. Measured in docs/evidence/recipe/round5.md.
 """
 
 import math

@@ -45,7 +45,7 @@ class OptimConfig:
     embedding_lr: float | None = None
     head_lr: float | None = None
     # Peak lr of a hashed bigram table (model.bigram_embeds); null: optim.lr. Not the token table's: a row of pairs
-    # occurs far more rarely than a token, and at the token table's 0.3 it memorised (docs/recipe/round15.md).
+    # occurs far more rarely than a token, and at the token table's 0.3 it memorised (docs/evidence/recipe/round15.md).
     bigram_lr: float | None = None
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, times Muon's lr
@@ -159,9 +159,9 @@ def tied_head(model: nn.Module) -> bool:
 
 def fusable(params: list[Tensor]) -> bool:
     """Whether torch's fused AdamW kernel takes these: plain tensors on a CPU or a GPU, not FSDP's sharded DTensors.
-    On a CPU it makes one pass over each tensor: on the AMX Xeon, 1.7 ms for a 32,768 x 128 table where round 15's
+    On a CPU it makes one pass over each tensor: on the AMX Xeon, 1.7 ms for a 32,768 x 128 table where a hand-written
     eight operations per tensor took 6.8-20, and 1.5 ms over the default's parameters where torch's foreach path took
-    5.3 (docs/recipe/round16.md)."""
+    5.3 (docs/evidence/recipe/round16.md)."""
     return all(p.device.type in ("cpu", "cuda") and not hasattr(p, "full_tensor") for p in params)
 
 
@@ -191,7 +191,7 @@ def build_optimizer(
             group |= {"ns_steps": 5}
     # Newton-Schulz in bf16 (torch.optim.Muon's choice) on GPUs, and on a CPU whose run is in bf16 (`precision`,
     # resolved) and has it natively: on a Zen 4 the default's optimizer step takes 15 ms instead of 22
-    # (docs/recipe/round4.md). A CPU run in fp32 iterates in fp32, so it stays exact (DDP = one process); so do
+    # (docs/evidence/recipe/round4.md). A CPU run in fp32 iterates in fp32, so it stays exact (DDP = one process); so do
     # CPUs that emulate bf16 (AVX2 only), where a 768x512x512 bf16 matmul took 760 ms against fp32's 13.
     cpu_bf16 = device_type == "cpu" and precision == "bf16" and cpu_supports_bf16()
     ns_dtype = torch.bfloat16 if device_type == "cuda" or cpu_bf16 else torch.float32

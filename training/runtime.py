@@ -71,7 +71,7 @@ def keep_freed_memory() -> bool:
     glibc serves a large block (the default's 25 MB fp32 logits and their gradient, among others) with a
     fresh mmap and unmaps it on free, so every step starts on new pages that the kernel faults in and
     zeroes one by one: 22,700 page faults a step at the default, about a quarter of its time on a 2-core
-    Zen 4 (docs/recipe/round4.md). Serving every block from the heap and never trimming it takes that to
+    Zen 4 (docs/evidence/recipe/round4.md). Serving every block from the heap and never trimming it takes that to
     none; the price is that a process keeps its peak memory until it exits, which a training run does
     anyway. Process-wide and idempotent; False where the C library is not glibc (macOS, musl), which
     keeps its own policy.
@@ -172,7 +172,7 @@ def compile_trusting_the_cpu(model: nn.Module, trial_step: Callable[[nn.Module],
 
     Inductor otherwise compiles and loads a test program for each vector ISA the CPU lists before its first
     kernel (`cpp.vec_isa_ok` unset), in every run with an empty cache: trusting the list took a median of 10.9 s
-    off a first run's compilation on the 2-core Xeon, the same ISA chosen (docs/recipe/round15.md). What those
+    off a first run's compilation on the 2-core Xeon, the same ISA chosen (docs/evidence/recipe/round15.md). What those
     checks guard against, a compiler that cannot build for an ISA the CPU has, fails the trial step here
     instead, and then this compiles again with them. A TORCHINDUCTOR_VEC_ISA_OK the user set wins."""
     from torch._inductor import config as inductor

@@ -60,7 +60,7 @@ class Trainer:
         self.model = GPT(cfg.model).to(device)
         self.train_model: nn.Module = self.model  # the model as stepped: compiled and/or DDP/FSDP-wrapped
         # The model as evaluated: wrapped, never compiled. Compiling its no-grad graph too took 6.8 s of a 280 s
-        # run on a Zen 4, and eager evaluation costs only 0.1 s more each (docs/recipe/round11.md).
+        # run on a Zen 4, and eager evaluation costs only 0.1 s more each (docs/evidence/recipe/round11.md).
         self.eval_model: nn.Module = self.model
         self.compile_s, self.compiled = 0.0, False  # torch.compile's seconds in prepare(), which the clock counts
         self.optimizer = self.new_optimizer(self.model)

@@ -130,7 +130,7 @@ def test_logit_softcap_bounds_the_logits():
 def test_logit_softcap_is_computed_in_fp32_under_bf16_autocast():
     # Defect: under autocast the head's bf16 logits were capped in bf16, each capped logit rounded to 8 bits
     # of mantissa (steps of 0.06 near a cap of 15) before the loss; torch.compile computed it in fp32, so
-    # the compiled and the eager run trained different models (docs/recipe/round9.md).
+    # the compiled and the eager run trained different models (docs/evidence/recipe/round9.md).
     torch.manual_seed(0)
     model = GPT(tiny(logit_softcap=15.0))
     with torch.no_grad():
@@ -229,20 +229,20 @@ def test_the_default_run_is_the_measured_recipe():
         0.02,
         "wsd",
         "1-sqrt",
-        0.6,  # round 18 (docs/recipe/round18.md)
+        0.6,  # round 18 (docs/evidence/recipe/round18.md)
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
-    assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # round 8 (docs/recipe/round8.md)
+    assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # round 8 (docs/evidence/recipe/round8.md)
     assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", False)
-    assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/recipe/round3.md)
-    assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/recipe/round4.md)
-    assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/recipe/round5.md)
-    assert cfg.compile is True  # round 9 (docs/recipe/round9.md), its compilation inside budget_s
-    assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # round 10 (docs/recipe/round10.md)
+    assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/evidence/recipe/round3.md)
+    assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/evidence/recipe/round4.md)
+    assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/evidence/recipe/round5.md)
+    assert cfg.compile is True  # round 9 (docs/evidence/recipe/round9.md), its compilation inside budget_s
+    assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # docs/evidence/recipe/round10.md
     assert (m.long_window_size, m.train_block_size) == (128, 128)  # round 14: trains on 128 tokens, reads more
-    assert m.block_size == 4096  # round 20 (docs/recipe/round20.md): scored in windows of 4,096, not 1,024
-    assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/recipe/round15.md)
-    assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # round 23 (docs/recipe/round23.md)
+    assert m.block_size == 4096  # round 20 (docs/evidence/recipe/round20.md): scored in windows of 4,096, not 1,024
+    assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/evidence/recipe/round15.md)
+    assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # round 23 (docs/evidence/recipe/round23.md)
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
