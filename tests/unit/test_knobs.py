@@ -229,20 +229,20 @@ def test_the_default_run_is_the_measured_recipe():
         0.02,
         "wsd",
         "1-sqrt",
-        0.6,  # round 18 (docs/evidence/recipe/round18.md)
+        0.6,  # docs/evidence/recipe/round18.md
     )
     assert (cfg.data.source, cfg.data.tokenizer, cfg.data.bpe_vocab_size) == ("shakespeare", "bpe", 4096)
-    assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # round 8 (docs/evidence/recipe/round8.md)
+    assert (cfg.data.bpe_dropout, cfg.data.bpe_dropout_copies) == (0.03, 8)  # docs/evidence/recipe/round8.md
     assert (m.pos_encoding, m.qk_norm, m.activation, m.tie_embeddings) == ("rope", True, "gelu_tanh", False)
-    assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # round 3 (docs/evidence/recipe/round3.md)
-    assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # round 4 (docs/evidence/recipe/round4.md)
-    assert (o.average_from, o.average_window) == (0.7, 0.08)  # round 5 (docs/evidence/recipe/round5.md)
-    assert cfg.compile is True  # round 9 (docs/evidence/recipe/round9.md), its compilation inside budget_s
+    assert (m.attn_gate, o.embedding_lr) == ("elementwise", 0.3)  # docs/evidence/recipe/round3.md
+    assert (o.muon_weight_decay, o.embedding_weight_decay) == (0.1, 0.01)  # docs/evidence/recipe/round4.md
+    assert (o.average_from, o.average_window) == (0.7, 0.08)  # docs/evidence/recipe/round5.md
+    assert cfg.compile is True  # docs/evidence/recipe/round9.md, its compilation inside budget_s
     assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # docs/evidence/recipe/round10.md
     assert (m.long_window_size, m.train_block_size) == (128, 128)  # round 14: trains on 128 tokens, reads more
-    assert m.block_size == 4096  # round 20 (docs/evidence/recipe/round20.md): scored in windows of 4,096, not 1,024
-    assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # round 15 (docs/evidence/recipe/round15.md)
-    assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # round 23 (docs/evidence/recipe/round23.md)
+    assert m.block_size == 4096  # docs/evidence/recipe/round20.md: scored in windows of 4,096, not 1,024
+    assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # docs/evidence/recipe/round15.md
+    assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # docs/evidence/recipe/round23.md
     from bench.bench_quality import STARTUP_S
 
     # The README's figure is bench_quality's 300 s comparison: its recipes train 300 - STARTUP_S seconds, which
@@ -266,9 +266,9 @@ def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed
     assert cfg.model.n_layer == 4
     assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
     assert cfg.compile is False  # round 9 compiles the default's step
-    assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # round 10's residual mix and windows
-    assert cfg.model.bigram_embeds == 0  # round 15's bigram table
-    assert cfg.model.pointer_weight == 0.0  # round 23's continuous cache
+    assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # the default's residual mix and windows
+    assert cfg.model.bigram_embeds == 0  # the default's bigram table
+    assert cfg.model.pointer_weight == 0.0  # the default's continuous cache
     # round 11 evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
     # bench_quality's headline comparison pay the same evaluations
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
@@ -422,7 +422,7 @@ def test_the_baseline_and_the_committed_char_studies_stay_on_characters_and_lear
         assert (cfg.model.pos_encoding, cfg.model.qk_norm) == ("learned", False), experiment
         assert cfg.compile is False, experiment  # as measured: each sweep job would compile a shape of its own
         assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None), experiment
-        assert cfg.model.pointer_weight == 0.0, experiment  # round 23's continuous cache
+        assert cfg.model.pointer_weight == 0.0, experiment  # the default's continuous cache
 
 
 def test_the_smoke_run_does_not_compile():
@@ -471,7 +471,7 @@ def test_round_15s_default_is_round_14s_with_the_bigram_table():
 def test_round_18s_default_is_round_17s_cooling_down_over_60_percent():
     from bench.bench_quality import RECIPES
 
-    # round 18's default is round 19's recipe: round 20 lengthened the context since
+    # bench_quality's round19 recipe cools down over 60%; round20 lengthened the context since
     round17, round19 = compose_config(RECIPES["round17"]), compose_config(RECIPES["round19"])
     assert (round17.optim.cooldown_frac, round19.optim.cooldown_frac) == (0.3, 0.6)
     assert {**round17, "optim": {**round17.optim, "cooldown_frac": 0.6}} == {**round19}
