@@ -171,9 +171,9 @@ def check_group_fits(saved: dict, live: dict, defaults: dict, where: str) -> Non
             raise ValueError(f"{where} has {key}={clip(value)}; this run's optimizer keeps {clip(now)} there")
 
 
-# The shape of each optimizer state tensor, from its parameter's (torch's AdamW, our MuonAdamW and NorMuon:
+# The shape of each optimizer state tensor, from its parameter's (torch's AdamW and our MuonAdamW:
 # tests/unit/test_checkpoint.py saves each and checks every key is here): a step count is a scalar, a moment has
-# the parameter's shape, NorMuon's running second moment one value per row.
+# the parameter's shape; a run saved with NorMuon (no longer an option) holds one value per row, which loads unread.
 STATE_SHAPES = {
     "step": lambda shape: (),
     "exp_avg": lambda shape: shape,
