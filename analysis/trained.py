@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_meta
-from model import GPT, GPTConfig
-from rundir.checkpoint import Checkpoint, load_checkpoint, load_model_weights
+from model import GPT
+from rundir.checkpoint import Checkpoint, load_checkpoint, load_model_weights, model_config
 from rundir.checkpoints import find_checkpoint
 
 if TYPE_CHECKING:
@@ -23,10 +23,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[GP
     model_cfg = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model_cfg, dict):
         raise ValueError(f"checkpoint {str(path)!r} has no model config in its header")
-    try:
-        model = GPT(GPTConfig(**model_cfg))
-    except (TypeError, ValueError) as e:  # a header with unknown or bad fields, though its digest holds
-        raise ValueError(f"checkpoint {str(path)!r} has a model config this code cannot build ({e})") from None
+    model = GPT(model_config(model_cfg, f"checkpoint {str(path)!r}"))  # refuses unknown or bad fields in one line
     load_model_weights(model, ckpt)
     return model.to(device).eval(), ckpt
 

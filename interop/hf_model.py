@@ -99,7 +99,7 @@ def clip(value: object, width: int = 40) -> str:
 # field turns its variant on. A new variant's field, off by default, is refused by name with no line here.
 FREE_IN_GPT2 = {
     *("vocab_size", "block_size", "n_layer", "n_head", "d_model", "d_ff", "bias", "dropout", "attn_dropout"),
-    *("zero_init_proj", "z_loss", "attn_backend"),
+    *("zero_init_proj", "attn_backend"),
     *("rope_base", "window_size", "long_window_size", "pointer_scale"),
 }
 

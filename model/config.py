@@ -63,7 +63,6 @@ class GPTConfig:
     # so a deep block can take the tokens back unmixed; learned, from 1 and 0 (the plain residual stream).
     x0_mix: bool = False
     logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma 2); None: off
-    z_loss: float = 0.0  # training adds z_loss * mean(logsumexp(logits)^2) (PaLM); 0: off
     # Gated attention (Qiu et al. 2025): each head's output times sigmoid(x W_gate) before W_O, x the block's
     # normed input; "headwise" (one gate per head) or "elementwise" (one per channel of a head). None: off.
     attn_gate: str | None = None
@@ -296,5 +295,3 @@ class GPTConfig:
                     f"model.{name}={getattr(self, name)} changes the attention scores, which "
                     f"model.attn_backend={self.attn_backend!r} ({KERNELS[self.attn_backend]}) cannot; use {can} or auto"
                 )
-        if not 0 <= self.z_loss < math.inf:
-            raise ValueError(f"model.z_loss={self.z_loss} is invalid; it must be a finite number >= 0 (0 for off)")

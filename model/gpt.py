@@ -187,14 +187,8 @@ class GPT(nn.Module):
         return cache.pointer_states[:, : cache.length], cache.tokens[:, : cache.length], padding_mask
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over targets != -1; in training, plus z_loss * mean(logsumexp^2), which
-        keeps the softmax normaliser near 1 (PaLM). Evaluation reports the cross-entropy alone."""
-        flat, flat_targets = logits.flatten(0, 1).float(), targets.flatten()
-        loss = F.cross_entropy(flat, flat_targets, ignore_index=-1)
-        if self.config.z_loss > 0 and self.training:
-            keep = flat_targets != -1
-            loss = loss + self.config.z_loss * torch.logsumexp(flat[keep], dim=-1).square().mean()
-        return loss
+        """Mean cross-entropy over targets != -1."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
     def embed(
         self, idx: Tensor, positions: Tensor, leading: bool = False, previous: Tensor | None = None

@@ -508,10 +508,15 @@ def check_model(ckpt: Checkpoint, where: str) -> None:
         )
 
 
+# Fields older headers carry that acted only on the training loss: the weights build the same model without them.
+RETIRED_MODEL_FIELDS = ("z_loss",)
+
+
 def model_config(values: dict, where: str) -> GPTConfig:
     """A header's model config as a GPTConfig: known fields only, each of its field's type, validated."""
     known = {f.name: f for f in fields(GPTConfig)}
     cannot = f"{where} has a model config this code cannot build"
+    values = {name: value for name, value in values.items() if name not in RETIRED_MODEL_FIELDS}
     for name, value in values.items():
         if name not in known:
             raise ValueError(f"{cannot} (unknown field model.{clip(name)})")

@@ -49,7 +49,7 @@ DEFAULT_RUN_SCALED += ("pointer_scale",)
 # (so cannot carry a token from one position to another) or only in training, and the backend the tests choose.
 NOT_VARIANTS = {
     *("vocab_size", "block_size", "train_block_size", "n_layer", "n_head", "d_model", "d_k", "d_ff", "attn_backend"),
-    *("dropout", "attn_dropout", "z_loss"),  # training only
+    *("dropout", "attn_dropout"),  # training only
     *("bias", "activation", "norm", "zero_init_proj", "logit_softcap", "rope_base"),  # per position, or a constant
 }
 

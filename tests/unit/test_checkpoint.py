@@ -468,6 +468,15 @@ def test_the_untouched_crafted_copy_loads(saved, tmp_path):
     load_checkpoint(crafted(saved, tmp_path / "crafted.safetensors"))
 
 
+def test_a_header_from_before_z_loss_went_still_loads(saved, tmp_path):
+    # z_loss acted only on the training loss; a header of that time names it, and its weights are the same model
+    path = crafted(saved, tmp_path / "old.safetensors", meta=lambda m: m["config"]["model"].update(z_loss=1e-4))
+    from analysis.trained import load_model
+
+    model, _ = load_model(path)
+    assert not hasattr(model.config, "z_loss") and model.config.n_layer == CONFIG.n_layer
+
+
 def test_the_lab_refuses_a_crafted_checkpoint_as_a_bad_request_before_building_it(saved, tmp_path, monkeypatch):
     # /api/load answered 500 "internal error" (the allocator's RuntimeError) for a header of vocab_size 400,000,000;
     # a ValueError is the server's 400, with its message

@@ -82,7 +82,7 @@ def test_relu2_trains_a_different_model_than_gelu():
         ({"activation": "swiglu"}, gpt2_count() + L * D * (3 * 85 - 2 * 4 * D)),
         ({"activation": "swiglu", "d_ff": 40}, gpt2_count(F=60)),  # 3 matrices of 40 = 2 of 60
         ({"norm": "rmsnorm"}, gpt2_count()),  # a gain each, like LayerNorm without bias
-        ({"zero_init_proj": True, "logit_softcap": 30.0, "z_loss": 1e-4}, gpt2_count()),
+        ({"zero_init_proj": True, "logit_softcap": 30.0}, gpt2_count()),
     ],
 )
 def test_parameter_count_for_each_knob(overrides, expected):
@@ -144,22 +144,6 @@ def test_logit_softcap_is_computed_in_fp32_under_bf16_autocast():
     assert torch.equal(logits, 15.0 * torch.tanh(raw.float() / 15.0))
 
 
-def test_z_loss_adds_the_squared_log_normaliser_in_training_only():
-    torch.manual_seed(0)
-    model = GPT(tiny(z_loss=1e-2))
-    idx = torch.randint(0, V, (2, T))
-    targets = idx.clone()
-    targets[:, :4] = -1
-    logits, with_z = model(idx, targets)
-    keep = targets.flatten() != -1
-    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
-    z = torch.logsumexp(logits.flatten(0, 1)[keep], dim=-1).square().mean()
-    torch.testing.assert_close(with_z, ce + 1e-2 * z)
-    assert z.item() > 1.0  # log V ~ 4.2 at init: the term is not negligible
-    model.eval()
-    torch.testing.assert_close(model(idx, targets)[1], ce)  # evaluation reports cross-entropy
-
-
 @pytest.mark.parametrize(
     "name,value",
     [("activation", "gelu"), ("activation", "relu2"), ("activation", "swiglu"), ("norm", "rmsnorm"), ("norm", "batch")],
@@ -185,7 +169,7 @@ def test_unknown_and_known_choices(name, value):
 def test_gpt2_export_refuses_what_gpt2_cannot_express(overrides, message):
     with pytest.raises(ValueError, match=message):
         check_gpt2_compatible(tiny(**overrides))
-    check_gpt2_compatible(tiny(zero_init_proj=True, z_loss=1e-4))  # init and training-only knobs export fine
+    check_gpt2_compatible(tiny(zero_init_proj=True))  # an init-only knob exports fine
 
 
 def test_gpt2_model_config_is_gpt2_and_exports():
