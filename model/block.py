@@ -30,31 +30,22 @@ def gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# SwiGLU's nonlinearity is SiLU on the gate; the product with the up projection is in MLP.forward.
-ACTIVATION_FNS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "relu2": relu2, "swiglu": F.silu}
+ACTIVATION_FNS = {"gelu_tanh": gelu_tanh, "gelu": F.gelu, "relu2": relu2}
 
 
 class MLP(nn.Module):
-    """d_model -> ff_dim -> d_model. SwiGLU's up projection holds W_gate | W_up (one matmul) and
-    computes silu(x W_gate) * (x W_up); the other activations apply act(x W_up)."""
+    """d_model -> ff_dim -> d_model: down(act(x W_up))."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         d, f = config.d_model, config.ff_dim
-        self.gated = config.activation == "swiglu"
-        self.up_proj = nn.Linear(d, 2 * f if self.gated else f, bias=config.bias)
+        self.up_proj = nn.Linear(d, f, bias=config.bias)
         self.act = ACTIVATION_FNS[config.activation]
         self.down_proj = nn.Linear(f, d, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.up_proj(x)  # (B, T, f or 2f)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = self.act(gate) * up
-        else:
-            h = self.act(h)
-        return self.dropout(self.down_proj(h))
+        return self.dropout(self.down_proj(self.act(self.up_proj(x))))  # (B, T, f) inside
 
 
 def build_norm(config: GPTConfig) -> nn.Module:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 KERNELS = {"explicit": "the equation", "sdpa": "the fused kernel", "materialized": "the materialized kernel"}
 BACKENDS = ("auto", *KERNELS)  # model/attention.py: CausalSelfAttention.kernel ("auto": the fastest that computes it)
 POS_ENCODINGS = ("learned", "sinusoidal", "rope")  # model/position.py
-ACTIVATIONS = ("gelu_tanh", "gelu", "relu2", "swiglu")  # model/block.py
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")  # model/block.py
 NORMS = ("layernorm", "rmsnorm")
 ATTN_GATES = ("headwise", "elementwise")  # model/attention.py: CausalSelfAttention.gate_proj
 # The variants that change the attention scores, and the kernels that compute each. PyTorch's fused kernel (sdpa)
@@ -40,7 +40,7 @@ class GPTConfig:
     n_head: int = 4
     d_model: int = 256
     d_k: int | None = None  # per-head dim; None: d_model // n_head
-    d_ff: int | None = None  # MLP hidden size; None: 4 * d_model (8 * d_model // 3 for swiglu)
+    d_ff: int | None = None  # MLP hidden size; None: 4 * d_model
     dropout: float = 0.0  # on the embeddings' sum and each block's two outputs (and the attention weights)
     # Dropout on the attention weights alone; None: model.dropout. 0 with dropout > 0 keeps a CPU run on the
     # materialized kernel, which has no attention dropout (the explicit kernel costs ~30% of a step).
@@ -51,8 +51,7 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE's base: angle of channel pair i is pos * rope_base^(-2i/d_k)
     n_kv_head: int | None = None  # key/value heads (GQA; 1 = MQA); None: n_head (plain multi-head)
     qk_norm: bool = False  # RMSNorm each query and key head before QK^T
-    # "gelu_tanh" (GPT-2's tanh approximation), "gelu" (exact erf), "relu2" (ReLU(x)^2, So et al. 2021
-    # "Primer") or "swiglu" (Shazeer 2020: silu(x W_gate) * (x W_up), a third matrix).
+    # "gelu_tanh" (GPT-2's tanh approximation), "gelu" (exact erf) or "relu2" (ReLU(x)^2, So et al. 2021 "Primer")
     activation: str = "gelu_tanh"
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtraction, no bias)
     tie_embeddings: bool = True  # the LM head reuses the token embedding (GPT-2); False: its own matrix
@@ -109,11 +108,8 @@ class GPTConfig:
 
     @property
     def ff_dim(self) -> int:
-        """The MLP's hidden size. SwiGLU's default 8/3 * d_model (floored) gives its three matrices
-        the parameters of the two 4 * d_model ones of the other activations (3 * 8/3 = 2 * 4)."""
-        if self.d_ff is not None:
-            return self.d_ff
-        return 8 * self.d_model // 3 if self.activation == "swiglu" else 4 * self.d_model
+        """The MLP's hidden size: d_ff, or GPT-2's 4 * d_model."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     @property
     def rotary_dim(self) -> int:
@@ -195,10 +191,7 @@ class GPTConfig:
                 "when model.d_k is not set"
             )
         if self.d_ff is not None and self.d_ff < 1:
-            raise ValueError(
-                f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model, 8 * d_model // 3 "
-                "for swiglu)"
-            )
+            raise ValueError(f"model.d_ff={self.d_ff} is invalid; it must be >= 1 (or null for 4 * d_model)")
         for name, p in (("dropout", self.dropout), ("attn_dropout", self.attention_dropout)):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"model.{name}={p} is invalid; it must be in [0, 1)")

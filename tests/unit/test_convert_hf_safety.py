@@ -82,7 +82,6 @@ def test_export_refuses_a_model_whose_logits_gpt2_does_not_reproduce(tmp_path, c
         {"d_k": 16},
         {"norm": "rmsnorm"},
         {"activation": "relu2"},
-        {"activation": "swiglu"},
         {"tie_embeddings": False},
         {"logit_softcap": 5.0},
     ],

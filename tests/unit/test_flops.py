@@ -54,7 +54,7 @@ def test_flops_per_token_equals_the_counted_matmuls_of_a_training_step(variant, 
         )
 
 
-@pytest.mark.parametrize("knob", [{"activation": "swiglu"}, {"tie_embeddings": False}, {"bias": True}])
+@pytest.mark.parametrize("knob", [{"d_ff": 40}, {"tie_embeddings": False}, {"bias": True}])
 def test_flops_per_token_follows_the_mlp_and_head_knobs(knob):
     model = tiny(*VARIANT_HEADS, **knob)
     assert model.flops_per_token() == counted_flops_per_token(model)
@@ -84,8 +84,7 @@ def unlisted_variant() -> GPT:
 def remembered_formula(c: GPTConfig) -> int:
     """The hand-written formula flops_per_token used to be: right only for the modules it listed."""
     hd, qkv = c.n_head * c.head_dim, (c.n_head + 2 * c.kv_heads) * c.head_dim
-    mlp_matrices = 3 if c.activation == "swiglu" else 2
-    per_layer = 2 * c.d_model * (qkv + hd + mlp_matrices * c.ff_dim) + 4 * c.block_size * hd
+    per_layer = 2 * c.d_model * (qkv + hd + 2 * c.ff_dim) + 4 * c.block_size * hd
     return 3 * (c.n_layer * per_layer + 2 * c.d_model * c.vocab_size)
 
 
