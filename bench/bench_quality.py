@@ -65,26 +65,28 @@ from training.trainer import Trainer
 
 STARTUP_S = 20  # imports, cached data, model set-up: outside budget_s, inside the whole-process budget
 # torch.compile's cache (inductor's environment variable): each run gets an empty one of its own, so a compiled
-# recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4 in round 12; ~7 s from the cache).
+# recipe is measured as a first run pays for it (31-37 s for the default on a Zen 4, ~7 s from the cache:
+# docs/evidence/recipe/round12.md).
 COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
-# Round 23 mixes the continuous cache into the same model's predictions (model/pointer.py; configs/model/small.yaml).
+# Each *_UNDONE list takes out what docs/evidence/recipe/roundN.md added to the default, on top of the later ones.
+# round23.md: the continuous cache mixed into the same model's predictions (model/pointer.py).
 ROUND_23_UNDONE = ["model.pointer_weight=0"]
-# Round 20 scores the same training in windows of 4,096 tokens instead of 1,024 (configs/model/small.yaml).
+# round20.md: the same training scored in windows of 4,096 tokens instead of 1,024 (configs/model/small.yaml).
 ROUND_20_UNDONE = [*ROUND_23_UNDONE, "model.block_size=1024"]
-# Round 18 cools down over the last 60% of training instead of 30% (configs/optim/muon.yaml).
+# round18.md: the cooldown over the last 60% of training instead of 30% (configs/optim/muon.yaml).
 ROUND_18_UNDONE = [*ROUND_20_UNDONE, "optim.cooldown_frac=0.3"]
-# Round 15 adds a hashed bigram table to the model's input (model/bigram.py).
+# round15.md: a hashed bigram table at the model's input (model/bigram.py).
 ROUND_15_UNDONE = [*ROUND_18_UNDONE, "model.bigram_embeds=0"]
-# Round 14 scores the same training in windows of 1,024 tokens instead of 128 (its layer 3 windowed to 128 keys).
+# round14.md: the same training scored in windows of 1,024 tokens instead of 128 (layer 3 windowed to 128 keys).
 ROUND_14_UNDONE = [
     *ROUND_15_UNDONE,
     "model.block_size=128",
     "model.train_block_size=null",
     "model.long_window_size=null",
 ]
-# Round 11 evaluates and saves every 250 steps; its uncompiled evaluation is code, which no override undoes.
+# round11.md: an evaluation and a save every 250 steps; its uncompiled evaluation is code, which no override undoes.
 ROUND_11_UNDONE = [*ROUND_14_UNDONE, "eval_interval=100"]
-ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # and round 10's model
+ROUND_10_UNDONE = [*ROUND_11_UNDONE, "model.x0_mix=false", "model.window_pattern=null"]  # round10.md's model
 # Each recipe: the overrides that make it (the default is the configs as they are).
 RECIPES = {
     **LEAVE_ONE_OUT,

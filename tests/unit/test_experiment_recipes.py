@@ -130,7 +130,7 @@ def test_a_default_scale_study_trains_the_noise_floors_recipe_for_1000_steps_ove
 
     paper, reference, grid = DEFAULT_SCALE[name]
     _, points, configs = sweep_points(name)
-    default = sweep_points("noise_floor")[2][0]  # the default recipe the noise floor pins (round 2)
+    default = sweep_points("noise_floor")[2][0]  # the recipe the noise floor pins (+recipe=muon_rope_bpe)
     for cfg in configs:  # the noise floor's model, data, optimizer and batch; only the swept shape differs
         assert cfg.model == dataclasses.replace(default.model, n_head=cfg.model.n_head, d_k=cfg.model.d_k)
         assert (cfg.data, cfg.optim, cfg.batch_size) == (default.data, default.optim, default.batch_size)

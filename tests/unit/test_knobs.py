@@ -204,7 +204,7 @@ def test_the_default_run_is_the_measured_recipe():
     assert (o.average_from, o.average_window) == (0.7, 0.08)  # docs/evidence/recipe/round5.md
     assert cfg.compile is True  # docs/evidence/recipe/round9.md, its compilation inside budget_s
     assert (m.x0_mix, m.window_pattern, m.window_size) == (True, "SSSL", 64)  # docs/evidence/recipe/round10.md
-    assert (m.long_window_size, m.train_block_size) == (128, 128)  # round 14: trains on 128 tokens, reads more
+    assert (m.long_window_size, m.train_block_size) == (128, 128)  # round14.md: trains on 128, reads more
     assert m.block_size == 4096  # docs/evidence/recipe/round20.md: scored in windows of 4,096, not 1,024
     assert (m.bigram_embeds, o.bigram_lr) == (8192, 3e-3)  # docs/evidence/recipe/round15.md
     assert (m.pointer_weight, m.pointer_scale) == (0.2, 15.0)  # docs/evidence/recipe/round23.md
@@ -223,18 +223,18 @@ def test_the_default_run_is_the_measured_recipe():
     ["noise_floor", "vaswani_a_default", "vaswani_b_default", "bottleneck_default", "bpe_budget", "nanochat_cpu"],
 )
 def test_recipes_measured_before_round_4_keep_muon_and_the_token_table_undecayed_and_unaveraged(experiment):
-    # Round 4 decays both and round 5 averages the weights by default; these recipes' committed results
-    # were measured without, and with 4 layers, which they pin should the default's depth change.
+    # The default decays both (docs/evidence/recipe/round4.md) and averages the weights (round5.md); these recipes'
+    # committed results were measured without, and with 4 layers, which they pin should the default's depth change.
     cfg = compose_config([f"+experiment={experiment}"])
     o = cfg.optim
     assert (o.muon_weight_decay, o.embedding_weight_decay, o.average_from) == (0.0, 0.0, None)
     assert cfg.model.n_layer == 4
-    assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # round 8 trains on random segmentations
-    assert cfg.compile is False  # round 9 compiles the default's step
+    assert cfg.data.bpe_dropout == 0.0 or cfg.data.tokenizer != "bpe"  # the default trains on random segmentations
+    assert cfg.compile is False  # the default compiles its step
     assert (cfg.model.x0_mix, cfg.model.window_pattern) == (False, None)  # the default's residual mix and windows
     assert cfg.model.bigram_embeds == 0  # the default's bigram table
     assert cfg.model.pointer_weight == 0.0  # the default's continuous cache
-    # round 11 evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
+    # the default evaluates every 250 steps; nanochat's rebuild evaluates as the default does, so the two recipes of
     # bench_quality's headline comparison pay the same evaluations
     assert cfg.eval_interval == (250 if experiment == "nanochat_cpu" else 100)
 
@@ -280,8 +280,9 @@ def models_that_train_alike(new, old) -> list[GPT]:
 
 
 def test_round_14_trains_exactly_as_round_13_did():
-    # Round 14 changes where the model is scored (windows of 1,024), not what it learns: on its 128-token training
-    # sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with the same angles.
+    # docs/evidence/recipe/round14.md changes where the model is scored (windows of 1,024), not what it learns: on
+    # its 128-token training sequences layer 3's window of 128 hides nothing and the longer RoPE table starts with
+    # the same angles.
     from bench.bench_quality import RECIPES
 
     new, old = compose_config(RECIPES["round14"]).model, compose_config(RECIPES["round13"]).model
@@ -307,8 +308,9 @@ def test_round_23_trains_what_round_22_did_and_only_predicts_with_the_continuous
 
 
 def test_round_20_computes_what_round_19_did_on_any_length():
-    # Round 20 only lengthens the context (the score's windows): every layer is windowed to at most 128 keys and RoPE's
-    # angles depend on the position alone, so the two models are one function, trained alike and reading alike.
+    # docs/evidence/recipe/round20.md only lengthens the context (the score's windows): every layer is windowed to at
+    # most 128 keys and RoPE's angles depend on the position alone, so the two models are one function, trained
+    # alike and reading alike.
     from bench.bench_quality import RECIPES
 
     new, old = compose_config(RECIPES["round22"]).model, compose_config(RECIPES["round19"]).model
