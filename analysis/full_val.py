@@ -22,6 +22,12 @@ from training.runtime import autocast, resolve_precision
 FULL_VAL = "full_val.json"
 
 
+# The fp32 logits a scoring batch may hold: windows go as many at a time as fit (at least one). A batch's memory is
+# mostly its logits and the pointer's mix over them: the default model (vocab 4096, windows of 4,096) peaked at
+# 4.7 GB with batches of 32K tokens and at 0.93 GB one window at a time.
+SCORE_LOGIT_BYTES = 64 << 20
+
+
 def score_checkpoint(path: Path) -> dict:
     """{"val/loss": nats per token, "val/bpb": bits per byte, "params": n, "data": its data config, "step": its
     step} of one checkpoint file."""
@@ -35,7 +41,8 @@ def score_checkpoint(path: Path) -> dict:
     )
     device = next(model.parameters()).device
     ctx = autocast(device, resolve_precision(config.get("precision", "auto"), device))
-    loss = split_loss(model, data.val, model.config.block_size, device, precision_ctx=ctx)
+    batch_tokens = max(model.config.block_size, SCORE_LOGIT_BYTES // (4 * model.config.vocab_size))
+    loss = split_loss(model, data.val, model.config.block_size, device, batch_tokens, precision_ctx=ctx)
     if not math.isfinite(loss):  # finite weights can still overflow: a score of nan is no score (sample.py refuses it)
         raise ValueError(f"checkpoint {str(path)!r} scores a val loss of {loss}: its weights have diverged")
     scored = {"val/loss": loss, "val/bpb": data.bits_per_byte(loss), "params": model.num_params()}

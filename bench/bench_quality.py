@@ -199,7 +199,12 @@ def score(run: Path) -> dict:
     """The loss of a checkpoint (a run directory: its best) on every token of its data's val split."""
     path = find_checkpoint(run)
     result = score_checkpoint(path)
-    best = classical.floor(baselines(DataConfig(**result["data"])))
+    # The model's figure first: the compressors' floor may take minutes on a corpus not measured before
+    print(f"{run} ({path.name}, step {result['step']}): {result['val/bpb']:.4f} bits/byte", file=sys.stderr, flush=True)
+    data_cfg = DataConfig(**result["data"])
+    if not classical.cache_path(data_cfg).is_file():
+        print("classical floor: measuring the compressors on this corpus (once; cached)", file=sys.stderr, flush=True)
+    best = classical.floor(baselines(data_cfg))
     floor = {"floor": best["compressor"], "floor_bpb": best["bits_per_byte"]} if best else {"floor_bpb": None}
     which = {"checkpoint": str(path), "step": result["step"]}  # a live run's best moves on between two scores
     return which | {"params": result["params"], "val_loss": result["val/loss"], "val_bpb": result["val/bpb"]} | floor

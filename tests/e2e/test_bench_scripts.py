@@ -294,7 +294,8 @@ def test_bench_quality_score_takes_a_checkpoint_file_and_names_a_run_without_one
     words += f"({scored['val_loss']:.4f} nats/token); "
     gap = scored["val_bpb"] - scored["floor_bpb"]
     words += f"{scored['floor']} primed with the train text {scored['floor_bpb']:.4f} ({gap:+.4f})"
-    assert by_file.stderr.splitlines() == [words]  # the same figures, for a person, and nothing else
+    first = f"{best} (best.safetensors, step 2): {scored['val_bpb']:.4f} bits/byte"  # printed before the floor
+    assert by_file.stderr.splitlines() == [first, words]  # the same figures, for a person, and nothing else
     (tmp_path / "empty run").mkdir()
     refused = score(tmp_path / "empty run")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
