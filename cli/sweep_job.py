@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import training.threads  # noqa: F401  # isort: skip  (before torch: OpenMP reads its count and wait once)
 from hydra.conf import HydraConf
 from hydra.core.utils import JobRuntime, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext
