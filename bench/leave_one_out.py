@@ -7,6 +7,12 @@ Each `no_*` recipe is today's default less one mechanism, trained for the same w
 so a mechanism that makes a step slower pays for it in steps.
 """
 
+if __name__ == "__main__":
+    raise SystemExit(
+        "error: bench/leave_one_out.py is a module of bench/bench_quality.py; run: "
+        "python bench/bench_quality.py --recipes leave_one_out"
+    )
+
 LEAVE_ONE_OUT: dict[str, list[str]] = {
     # learned positions cannot read past what they trained on, so they train on the whole context
     "no_rope": ["model.pos_encoding=learned", "model.train_block_size=null"],

@@ -59,8 +59,9 @@ for entry in sys.argv[1:]:
     os.environ.clear()
     os.environ.update(environ)
     for name in set(sys.modules) - modules:  # the repo's modules imported afresh by the next entry, as a new
-        if (getattr(sys.modules[name], "__file__", None) or "").startswith(os.getcwd()):  # process would
-            del sys.modules[name]  # (numpy and the like stay: a C extension loads once a process)
+        file = getattr(sys.modules[name], "__file__", None) or ""  # process would (installed packages stay, a
+        if file.startswith(os.getcwd()) and not file.startswith(sys.prefix):  # venv inside the repo's among them)
+            del sys.modules[name]
     sys.path[:] = path
 print(json.dumps(seen))
 """

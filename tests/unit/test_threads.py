@@ -67,7 +67,10 @@ def test_the_labs_samples_decode_on_its_thread_count_and_restore_it(
     before = torch.get_num_threads()
     _, records = api.sample(session, {"prompt": "ab", "max_tokens": 3})
     assert sum(r["tokens"] for r in records) == 3
-    assert set_calls == [expected, before]
+    # a sample holds the model (and the thread count) a token at a time, so another tab's request runs between
+    pairs = len(set_calls) // 2
+    assert pairs >= 3 and set_calls == [expected, before] * pairs
     set_calls.clear()
     api.intervene(session, {"prompt": "ab", "max_tokens": 3, "heads_off": [[0, 0]]})
-    assert set_calls == [expected, before] * 2  # the full model's sample, then the ablated one's
+    pairs = len(set_calls) // 2
+    assert pairs >= 2 and set_calls == [expected, before] * pairs  # the full model's sample, then the ablated one's
