@@ -18,7 +18,7 @@ from data.prepare import prepare as prepare_data
 from generation.generate import SamplingParams, decode_threads, encode_prompt, stream_text, torch_threads
 from model.config import GPTConfig
 from model.gpt import GPT
-from rundir.checkpoint import Checkpoint, restore_rng_state
+from rundir.checkpoint import Checkpoint, host_memory, restore_rng_state
 from rundir.files import run_dir_itself
 from rundir.records import held_records, plot_runs
 from rundir.run import Run
@@ -236,10 +236,7 @@ def check_fits_in_memory(model: GPTConfig, device: torch.device) -> None:
     with torch.device("meta"):
         params = GPT(model).num_params()
     need = 16 * params
-    if device.type == "cuda":
-        have = torch.cuda.get_device_properties(device).total_memory
-    else:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    have = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else host_memory()
     if need > have:
         raise ValueError(
             f"the model has {params / 1e6:,.0f}M parameters and needs about {need / 2**30:,.1f} GiB to train; "
